@@ -1,0 +1,54 @@
+"""Row chunks for eager backends: bounded temporaries, and caches that stay warm.
+
+Eager, writeable arrays are processed a slab of rows at a time into preallocated outputs, so the
+working set beyond input and output stays a few MiB whatever the tensor size. Lazy or immutable
+arrays (dask, jax) get one chunk: their own engines fuse and schedule the work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CHUNK_ELEMENTS", "Chunk", "assemble", "row_chunks"]
+
+CHUNK_ELEMENTS = 1 << 16  # 256 KiB of f32 per slab: temporaries stay in L2
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows ``[r0, r1)`` of the data, with the matching rows of the scale grid and the values."""
+
+    rows: slice
+    grid: slice
+    stored: slice
+
+
+def row_chunks(
+    shape: tuple[int, ...], block0: int, packed_axis: int | None, per_word: int, chunked: bool
+) -> list[Chunk]:
+    """Split axis 0 into slabs aligned to whole blocks (and whole words when packing axis 0)."""
+    n0 = shape[0]
+    unit = block0
+    if packed_axis == 0:
+        unit = math.lcm(unit, per_word)
+    row = math.prod(shape[1:])
+    step = max(unit, (CHUNK_ELEMENTS // max(row, 1)) // unit * unit) if chunked else n0
+    out = []
+    for r0 in range(0, n0, step):
+        r1 = min(r0 + step, n0)
+        grid = slice(r0 // block0, -(-r1 // block0))
+        stored = slice(r0 // per_word, -(-r1 // per_word)) if packed_axis == 0 else slice(r0, r1)
+        out.append(Chunk(slice(r0, r1), grid, stored))
+    return out
+
+
+def assemble(parts: list[tuple[slice, Any]], shape: tuple[int, ...], dtype: Any, xp: Any, device: Any) -> Any:
+    """Write row slabs into one preallocated array (or return the only slab)."""
+    if len(parts) == 1:
+        return parts[0][1]
+    out = xp.empty(shape, dtype=dtype, device=device)
+    for rows, part in parts:
+        out[rows, ...] = part
+    return out

@@ -1,0 +1,22 @@
+"""The invariant layer: every entry point checks schemes, parameters and data here first."""
+
+from .data import can_read, check_finite, check_input, check_same_place, namespace_of
+from .params import CheckedParams, check_params, check_scale_values, check_table
+from .plan import Plan, check_calibration, check_rounding, plan_for, require_kernel
+
+__all__ = [
+    "CheckedParams",
+    "Plan",
+    "can_read",
+    "check_calibration",
+    "check_finite",
+    "check_input",
+    "check_params",
+    "check_rounding",
+    "check_same_place",
+    "check_scale_values",
+    "check_table",
+    "namespace_of",
+    "plan_for",
+    "require_kernel",
+]

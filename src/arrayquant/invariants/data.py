@@ -1,0 +1,119 @@
+"""Data checks: dtype, rank, finiteness, and one namespace on one device."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat as compat
+
+from ..errors import DeviceError, DTypeError, NonFiniteInputError, ShapeError
+from .plan import Plan
+
+__all__ = [
+    "CHECK_CHUNK_ELEMENTS",
+    "can_read",
+    "check_finite",
+    "check_input",
+    "check_same_place",
+    "namespace_of",
+]
+
+CHECK_CHUNK_ELEMENTS = 1 << 20  # finiteness is checked in slices so its mask stays small
+
+
+def namespace_of(x: Any, name: str = "x") -> Any:
+    """The Array API namespace of ``x``, or a :class:`DTypeError` if it is not an array."""
+    if not compat.is_array_api_obj(x):
+        msg = (
+            f"{name} must be an Array API array (numpy, cupy, torch, jax, dask, array-api-strict), "
+            f"got {type(x).__name__}; convert it with aq.asarray({name})"
+        )
+        raise DTypeError(msg)
+    return compat.array_namespace(x)
+
+
+def check_input(x: Any, plan: Plan, name: str = "x") -> tuple[Any, Any]:
+    """Check the data against the plan; return its namespace and device."""
+    xp = namespace_of(x, name)
+    if not xp.isdtype(x.dtype, "real floating"):
+        msg = (
+            f"{name} has dtype {x.dtype}, but quantization needs a real floating array; "
+            f"cast it first, e.g. xp.astype({name}, xp.float32)"
+        )
+        raise DTypeError(msg)
+    shape = tuple(x.shape)
+    if any(n is None for n in shape):
+        msg = f"{name} has an unknown shape {shape}; compute its chunk sizes first (dask: x.compute_chunk_sizes())"
+        raise ShapeError(msg)
+    if len(shape) == 0:
+        msg = f"{name} is 0-d; quantize at least a 1-d array, e.g. xp.reshape({name}, (1,))"
+        raise ShapeError(msg)
+    if math.prod(shape) == 0:
+        msg = f"{name} has shape {shape} with no elements; there is nothing to calibrate or quantize"
+        raise ShapeError(msg)
+    plan.block_dims(len(shape))
+    plan.packed_axis(len(shape))
+    return xp, compat.device(x)
+
+
+def can_read(x: Any) -> bool:
+    """Whether value checks may read ``x`` now (not a dask graph, not a traced jax value)."""
+    if not compat.is_lazy_array(x):
+        return True
+    return compat.is_jax_array(x) and not any(c.__name__.endswith("Tracer") for c in type(x).__mro__)
+
+
+def check_same_place(xp: Any, device: Any, **arrays: Any) -> None:
+    """Every named array must live in ``xp`` on ``device`` (None entries are skipped)."""
+    for name, arr in arrays.items():
+        if arr is None or not compat.is_array_api_obj(arr):
+            continue
+        try:
+            other = compat.array_namespace(arr)
+        except TypeError:
+            other = None
+        if other is not xp:
+            msg = (
+                f"{name} is a {type(arr).__module__}.{type(arr).__name__} but the data lives in "
+                f"{getattr(xp, '__name__', xp)}; move it there first, e.g. aq.asarray({name}, backend=...)"
+            )
+            raise DeviceError(msg)
+        here = compat.device(arr)
+        if here != device:
+            msg = (
+                f"{name} is on device {here!r} but the data is on {device!r}; "
+                f"move it with aq.asarray({name}, device=...) so both are on one device"
+            )
+            raise DeviceError(msg)
+
+
+def check_finite(x: Any, xp: Any, name: str = "x") -> None:
+    """Raise :class:`NonFiniteInputError` naming the count and first index of NaN/inf in ``x``."""
+    shape = tuple(x.shape)
+    flat = xp.reshape(x, (-1,))
+    n = flat.shape[0]
+    count, first = 0, -1
+    for start in range(0, n, CHECK_CHUNK_ELEMENTS):
+        bad = xp.logical_not(xp.isfinite(flat[start : start + CHECK_CHUNK_ELEMENTS]))
+        if bool(xp.any(bad)):
+            if first < 0:
+                first = start + int(xp.argmax(xp.astype(bad, xp.uint8)))
+            count += int(xp.sum(xp.astype(bad, xp.int64)))
+    if count:
+        index = _unravel(first, shape)
+        value = float(flat[first])
+        msg = (
+            f"{name} has {count} non-finite element(s) (first at index {index}: {value}); "
+            "clean the data (e.g. xp.where(xp.isfinite(x), x, 0)) or pass check_finite=False "
+            "to saturate infinities and map NaN to code 0"
+        )
+        raise NonFiniteInputError(msg)
+
+
+def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for n in reversed(shape):
+        flat_index, r = divmod(flat_index, n)
+        out.append(r)
+    return tuple(reversed(out))

@@ -1,0 +1,121 @@
+"""Parameters against the scheme: presence, counts, grid shapes and values."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat as compat
+
+from ..errors import MissingGlobalScaleError, ParamsError, ShapeError, UnexpectedGlobalScaleError
+from ..scheme import QParams, QuantMode
+from .data import can_read, check_same_place
+from .plan import Plan
+
+__all__ = ["CheckedParams", "check_params", "check_scale_values"]
+
+CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or None, table f32 or None)
+
+
+def _as_f32(value: Any, name: str, xp: Any, device: Any) -> Any:
+    if compat.is_array_api_obj(value):
+        if not xp.isdtype(value.dtype, "real floating"):
+            msg = f"{name} has dtype {value.dtype}; scales must be real floating values (they are used as f32)"
+            raise ParamsError(msg)
+        return xp.astype(value, xp.float32)
+    try:
+        return xp.asarray(value, dtype=xp.float32, device=device)
+    except (TypeError, ValueError) as exc:
+        msg = f"{name} must be an array of floats, got {value!r} ({exc})"
+        raise ParamsError(msg) from None
+
+
+def check_scale_values(arr: Any, name: str, xp: Any) -> None:
+    """Refuse NaN, infinite or negative scales (only on arrays that can be read now)."""
+    if not can_read(arr):
+        return
+    flat = xp.reshape(arr, (-1,))
+    bad = xp.logical_or(xp.logical_not(xp.isfinite(flat)), flat < 0)
+    if bool(xp.any(bad)):
+        i = int(xp.argmax(xp.astype(bad, xp.uint8)))
+        count = int(xp.sum(xp.astype(bad, xp.int64)))
+        msg = (
+            f"{name} has {count} invalid entr{'y' if count == 1 else 'ies'} (first at flat index {i}: "
+            f"{float(flat[i])}); scales must be finite and >= 0, so recompute them from clean data"
+        )
+        raise ParamsError(msg)
+
+
+def check_params(
+    params: Any, plan: Plan, shape: tuple[int, ...], xp: Any, device: Any, table: Any = None
+) -> CheckedParams:
+    """Validate static parameters for data of ``shape``; return them as f32 arrays."""
+    if not isinstance(params, QParams):
+        msg = f"params must be an aq.QParams (or None for dynamic quantization), got {type(params).__name__}"
+        raise ParamsError(msg)
+    scheme = plan.scheme
+    if params.scales is None:
+        msg = f"params.scales is None; a {scheme} scheme needs scales shaped {plan.grid_shape(shape)}"
+        raise ParamsError(msg)
+    check_same_place(xp, device, scales=params.scales, global_scale=params.global_scale, table=params.table)
+    if plan.two_level and params.global_scale is None:
+        msg = (
+            f"scheme {scheme} is a two-level scheme (block scales of {plan.scale_dtype.name} times one "
+            "f32 per-tensor scale) but params has no per-tensor scale (global_scale is None); pass "
+            "QParams(scales=block_scales, global_scale=g) with g of shape (1,), or compute both with "
+            "aq.compute_q_params(scheme, *aq.compute_range(x, scheme))"
+        )
+        raise MissingGlobalScaleError(msg)
+    if not plan.two_level and params.global_scale is not None:
+        msg = (
+            f"scheme {scheme} has one scale level, but params carries a per-tensor scale "
+            "(global_scale) that it would ignore; drop global_scale, or make the scheme two-level "
+            "with .per_block(size, 'ue4m3').per_tensor('f32')"
+        )
+        raise UnexpectedGlobalScaleError(msg)
+    scales = _as_f32(params.scales, "params.scales", xp, device)
+    grid = plan.grid_shape(shape)
+    if tuple(scales.shape) != grid:
+        level = "one per-tensor scale" if plan.block is None else f"one scale per block of {plan.block}"
+        msg = (
+            f"params.scales has shape {tuple(scales.shape)} but scheme {scheme} on data of shape "
+            f"{shape} needs {grid} ({level}); recompute them with aq.compute_q_params"
+        )
+        raise ShapeError(msg)
+    check_scale_values(scales, "params.scales", xp)
+    glob = None
+    if params.global_scale is not None:
+        glob = _as_f32(params.global_scale, "params.global_scale", xp, device)
+        if math.prod(glob.shape) != 1:
+            msg = (
+                f"params.global_scale must hold exactly one element (the per-tensor scale), "
+                f"got shape {tuple(glob.shape)}"
+            )
+            raise ShapeError(msg)
+        glob = xp.reshape(glob, (1,))
+        check_scale_values(glob, "params.global_scale", xp)
+    tab = check_table(table if table is not None else params.table, plan, xp, device)
+    return scales, glob, tab
+
+
+def check_table(table: Any, plan: Plan, xp: Any, device: Any) -> Any:
+    """A LOOKUP table must be present with exactly ``2**bits`` entries; absent otherwise."""
+    lookup = plan.scheme.mode is QuantMode.LOOKUP
+    if table is None:
+        if lookup:
+            msg = f"scheme {plan.scheme} is in lookup mode but no table was given; pass table=aq.NF4 or your codebook"
+            raise ParamsError(msg)
+        return None
+    if not lookup:
+        msg = (
+            f"a table was given but scheme {plan.scheme} is in symmetric mode; drop the table or "
+            "use scheme.with_mode('lookup')"
+        )
+        raise ParamsError(msg)
+    check_same_place(xp, device, table=table)
+    tab = _as_f32(table, "table", xp, device)
+    want = 1 << plan.bits
+    if tuple(tab.shape) != (want,):
+        msg = f"table has shape {tuple(tab.shape)}; a {plan.bits}-bit lookup needs exactly ({want},) entries"
+        raise ShapeError(msg)
+    return tab

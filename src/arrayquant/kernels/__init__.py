@@ -1,0 +1,30 @@
+"""Kernels written once against the Array API: every function takes ``xp`` and trusts its plan."""
+
+from .blocks import as_blocks, block_reduce, from_blocks, grid_as_blocks, pad_to_blocks, padded_shape
+from .calibrate import absmax, compute_range
+from .integer import dequantize_int, quantize_int, safe_divisor
+from .packing import pack_fields, padded_length, unpack_fields
+from .qparams import effective_scale, scales_from_absmax, scales_from_range, store_scales
+from .roundup import round_up_scales
+
+__all__ = [
+    "absmax",
+    "as_blocks",
+    "block_reduce",
+    "compute_range",
+    "dequantize_int",
+    "effective_scale",
+    "from_blocks",
+    "grid_as_blocks",
+    "pack_fields",
+    "pad_to_blocks",
+    "padded_length",
+    "padded_shape",
+    "quantize_int",
+    "round_up_scales",
+    "safe_divisor",
+    "scales_from_absmax",
+    "scales_from_range",
+    "store_scales",
+    "unpack_fields",
+]

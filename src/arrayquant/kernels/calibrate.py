@@ -1,0 +1,80 @@
+"""Calibration: the range of the data per tensor or per block (MinMax, AbsMean, max |x|)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from array_api_compat import device as device_of
+
+from ..scheme import Calibration
+from .blocks import as_blocks, block_reduce, pad_to_blocks
+
+__all__ = ["absmax", "compute_range"]
+
+
+
+def absmax(x: Any, dims: tuple[int, ...], *, xp: Any) -> Any:
+    """``max(|x|)`` per block (grid-shaped) or per tensor (``dims == ()``, shape ``(1,)``).
+
+    Equal bit for bit to ``max(|min|, |max|)``; NaN propagates, so a non-finite block shows up
+    as a non-finite result.
+    """
+    a = xp.abs(xp.astype(x, xp.float32, copy=False))
+    if not dims:
+        return xp.reshape(xp.max(a), (1,))
+    a = pad_to_blocks(a, dims, xp=xp, edge=False)
+    return block_reduce(as_blocks(a, dims, xp=xp), xp.maximum, xp=xp)
+
+
+def _minmax(x: Any, dims: tuple[int, ...], *, xp: Any) -> tuple[Any, Any]:
+    if not dims:
+        return xp.reshape(xp.min(x), (1,)), xp.reshape(xp.max(x), (1,))
+    v = as_blocks(pad_to_blocks(x, dims, xp=xp, edge=True), dims, xp=xp)
+    return block_reduce(v, xp.minimum, xp=xp), block_reduce(v, xp.maximum, xp=xp)
+
+
+def _pairwise_sum(v: Any, *, xp: Any) -> Any:
+    """Sum the last axis with a fixed tree: zero-pad to a power of two, add halves."""
+    n = v.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    if width != n:
+        pad = xp.zeros(tuple(v.shape[:-1]) + (width - n,), dtype=v.dtype, device=device_of(v))
+        v = xp.concat((v, pad), axis=-1)
+    while v.shape[-1] > 1:
+        h = v.shape[-1] // 2
+        v = xp.add(v[..., :h], v[..., h:])
+    return v[..., 0]
+
+
+def _absmean(x: Any, dims: tuple[int, ...], *, xp: Any) -> Any:
+    a = xp.abs(x)
+    shape = tuple(x.shape)
+    if not dims:
+        total = _pairwise_sum(xp.reshape(a, (-1,)), xp=xp)
+        return xp.reshape(xp.divide(total, float(math.prod(shape))), (1,))
+    rank = len(shape)
+    v = as_blocks(pad_to_blocks(a, dims, xp=xp, edge=False), dims, xp=xp)
+    grid = tuple(v.shape[2 * i] for i in range(rank))
+    # block elements in row-major order within the block, then the fixed tree
+    v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
+    total = _pairwise_sum(xp.reshape(v, grid + (math.prod(dims),)), xp=xp)
+    count = xp.ones(grid, dtype=xp.float32, device=device_of(x))
+    for axis, (n, b) in enumerate(zip(shape, dims, strict=True)):
+        per_block = [float(min(b, n - g * b)) for g in range(grid[axis])]
+        line = xp.asarray(per_block, dtype=xp.float32, device=device_of(x))
+        count = xp.multiply(count, xp.reshape(line, (1,) * axis + (grid[axis],) + (1,) * (rank - axis - 1)))
+    return xp.divide(total, count)
+
+
+def compute_range(x: Any, dims: tuple[int, ...], calibration: Calibration, *, xp: Any) -> tuple[Any, Any]:
+    """``(min, max)`` shaped as the scale grid (``(1,)`` when ``dims == ()``), in f32.
+
+    AbsMean gives ``(-gamma, gamma)`` with ``gamma = mean(|x|)`` summed by a fixed pairwise tree,
+    so every backend gets the same bits.
+    """
+    x = xp.astype(x, xp.float32, copy=False)
+    if calibration is Calibration.ABSMEAN:
+        gamma = _absmean(x, dims, xp=xp)
+        return xp.negative(gamma), gamma
+    return _minmax(x, dims, xp=xp)

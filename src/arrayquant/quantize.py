@@ -1,0 +1,233 @@
+"""Public quantization entry points: calibrate, compute parameters, quantize.
+
+Every function here runs the invariant layer first, then the portable kernels, on the input's
+own namespace and device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .chunks import assemble, row_chunks
+from array_api_compat import device as device_of
+
+from .backends import shim
+from .errors import ParamsError, ShapeError
+from .invariants import (
+    Plan,
+    can_read,
+    check_calibration,
+    check_finite as check_data_finite,
+    check_input,
+    check_params,
+    check_rounding,
+    check_same_place,
+    check_table,
+    namespace_of,
+    plan_for,
+    require_kernel,
+)
+from .kernels import (
+    absmax,
+    as_blocks,
+    effective_scale,
+    from_blocks,
+    grid_as_blocks,
+    pad_to_blocks,
+    quantize_int,
+    round_up_scales as _round_up,
+    safe_divisor,
+    scales_from_absmax,
+    scales_from_range,
+    store_scales,
+)
+from .kernels import compute_range as _compute_range
+from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
+from .storage import pack_codes, values_layout
+from .tensor import QuantizedTensor
+
+__all__ = ["compute_q_params", "compute_range", "quantize", "round_up_scales"]
+
+
+def _scheme(scheme: QuantScheme | str) -> Plan:
+    return plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
+
+
+def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | str = "minmax") -> tuple[Any, Any]:
+    """``(min, max)`` of ``x`` shaped as the scheme's scale grid, in f32.
+
+    >>> import array_api_strict as xp
+    >>> lo, hi = compute_range(xp.asarray([[1.0, -3.0, 2.0]]), "q8s:block2:f32")
+    >>> lo.shape, [float(v) for v in hi[0]]
+    ((1, 2), [1.0, 2.0])
+    """
+    plan = _scheme(scheme)
+    cal = check_calibration(calibration, plan)
+    xp, _ = check_input(x, plan)
+    with shim.quiet(xp):
+        return _compute_range(x, plan.block_dims(x.ndim), cal, xp=xp)
+
+
+def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any) -> QParams:  # noqa: A002
+    """Unrounded scales from a range; for a two-level scheme, normalised block scales and the global.
+
+    >>> import array_api_strict as xp
+    >>> p = compute_q_params("q8s", xp.asarray([-1.27]), xp.asarray([0.5]))
+    >>> round(float(p.scales[0]), 6)
+    0.01
+    """
+    plan = _scheme(scheme)
+    xp = namespace_of(min, "min")
+    check_same_place(xp, device_of(min), max=max)
+    if tuple(min.shape) != tuple(max.shape):
+        msg = f"min has shape {tuple(min.shape)} but max has {tuple(max.shape)}; pass both from compute_range"
+        raise ShapeError(msg)
+    with shim.quiet(xp):
+        s, g = scales_from_range(xp.astype(min, xp.float32), xp.astype(max, xp.float32), plan, xp=xp)
+    return QParams(scales=s, global_scale=g)
+
+
+def round_up_scales(s: Any, scale_dtype: ScaleDtype | str) -> Any:
+    """Scales as stored: each rounded up to ``scale_dtype``'s grid (f32 result).
+
+    >>> import array_api_strict as xp
+    >>> [float(v) for v in round_up_scales(xp.asarray([1.0012, 0.3]), "f16")]
+    [1.001953125, 0.300048828125]
+    """
+    dtype = ScaleDtype.coerce(scale_dtype)
+    xp = namespace_of(s, "s")
+    if not xp.isdtype(s.dtype, "real floating"):
+        msg = f"s has dtype {s.dtype}; scales must be real floating values"
+        raise ParamsError(msg)
+    s32 = xp.astype(s, xp.float32)
+    if can_read(s32):
+        flat = xp.reshape(s32, (-1,))
+        neg = flat < 0
+        if bool(xp.any(neg)):
+            i = int(xp.argmax(xp.astype(neg, xp.uint8)))
+            msg = f"s has a negative scale at flat index {i} ({float(flat[i])}); scales are magnitudes, pass abs(s)"
+            raise ParamsError(msg)
+    with shim.quiet(xp):
+        return _round_up(s32, dtype, xp=xp)
+
+
+def quantize(
+    x: Any,
+    scheme: QuantScheme | str,
+    params: QParams | None = None,
+    *,
+    calibration: Calibration | str = "minmax",
+    table: Any = None,
+    rounding: str = "half_even",
+    check_finite: bool = True,
+) -> QuantizedTensor:
+    """Quantize ``x`` with ``scheme``: dynamically (``params=None``) or with given parameters.
+
+    >>> import array_api_strict as xp
+    >>> qt = quantize(xp.asarray([[0.5, -1.0, 0.25, 2.0]]), "q8s:block2:f16:native")
+    >>> [int(c) for c in qt.codes()[0]], [float(s) for s in qt.scales[0]]
+    ([64, -127, 16, 127], [0.00787353515625, 0.0157470703125])
+    """
+    plan = _scheme(scheme)
+    rounding = check_rounding(rounding, plan)
+    cal = check_calibration(calibration, plan)
+    xp, device = check_input(x, plan)
+    require_kernel(plan)
+    shape = tuple(int(n) for n in x.shape)
+    readable = can_read(x)
+    given = None
+    if params is not None:
+        given = check_params(params, plan, shape, xp, device, table)
+        if check_finite and readable:
+            check_data_finite(x, xp)
+    else:
+        check_table(table, plan, xp, device)
+    if check_finite and not readable:
+        x = shim.guard_finite(x)
+    with shim.quiet(xp):
+        return _quantize(x, plan, given, cal, rounding, check_finite, readable, xp, device)
+
+
+def _quantize(
+    x: Any,
+    plan: Plan,
+    given: Any,
+    cal: Calibration,
+    rounding: str,
+    finite_checked: bool,
+    readable: bool,
+    xp: Any,
+    device: Any,
+) -> QuantizedTensor:
+    shape = tuple(int(n) for n in x.shape)
+    rank = len(shape)
+    dims = plan.block_dims(rank)
+    axis = plan.packed_axis(rank)
+    per_word = (32 if plan.store_kind == "packed_u32" else 8) // plan.bits
+    chunked = shim.writeable(x)
+    chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, chunked)
+    scrub = not (finite_checked and readable)
+    grid = plan.grid_shape(shape)
+    f32 = xp.float32
+
+    def alpha_of(xc: Any) -> Any:
+        if cal is Calibration.ABSMEAN:
+            return _compute_range(xc, dims, cal, xp=xp)[1]
+        return absmax(xc, dims, xp=xp)
+
+    def verify(alpha: Any) -> None:
+        # a non-finite range means non-finite data: find and report it before storing anything
+        if finite_checked and readable and not bool(xp.all(xp.isfinite(alpha))):
+            check_data_finite(x, xp)
+
+    def codes_of(xc: Any, divisor: Any) -> Any:
+        xc = xp.astype(xc, f32, copy=False)
+        if not dims:
+            return quantize_int(xc, divisor, plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+        xb = as_blocks(pad_to_blocks(xc, dims, xp=xp, edge=False), dims, xp=xp)
+        q = quantize_int(xb, grid_as_blocks(divisor, xp=xp), plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+        return from_blocks(q, tuple(xc.shape), xp=xp)
+
+    glob = None
+    stored = None
+    fused = given is None and dims and not plan.two_level
+    if given is not None:
+        scales_in, glob, _ = given
+        stored = store_scales(scales_in, plan, xp=xp)
+    elif not fused:
+        if not dims and cal is Calibration.ABSMEAN:
+            alpha = alpha_of(x)  # one fixed summation tree over the whole tensor
+        elif not dims:
+            alpha = _combine_max([absmax(x[c.rows, ...], (), xp=xp) for c in chunks], xp)
+        else:
+            alpha = assemble([(c.grid, absmax(x[c.rows, ...], dims, xp=xp)) for c in chunks], grid, f32, xp, device)
+        verify(alpha)
+        s, glob = scales_from_absmax(alpha, plan, xp=xp)
+        stored = store_scales(s, plan, xp=xp)
+
+    vshape, vdtype = values_layout(plan, shape)
+    values_parts = []
+    scale_parts = []
+    for c in chunks:
+        xc = x[c.rows, ...]
+        if fused:
+            alpha_c = alpha_of(xc)
+            verify(alpha_c)
+            stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp)[0], plan, xp=xp)
+            scale_parts.append((c.grid, stored_c))
+        else:
+            assert stored is not None
+            stored_c = stored[c.grid, ...] if dims else stored
+        divisor = safe_divisor(effective_scale(stored_c, glob, plan, xp=xp), xp=xp)
+        values_parts.append((c.stored, pack_codes(codes_of(xc, divisor), plan, xp=xp)))
+    values = assemble(values_parts, vshape, getattr(xp, vdtype), xp, device)
+    if fused:
+        stored = assemble(scale_parts, grid, f32, xp, device)
+    return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, glob)
+
+
+def _combine_max(parts: list[Any], xp: Any) -> Any:
+    out = parts[0]
+    for p in parts[1:]:
+        out = xp.maximum(out, p)
+    return out

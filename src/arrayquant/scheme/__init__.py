@@ -1,0 +1,24 @@
+"""The scheme model: pure Python descriptions of a quantization, no arrays."""
+
+from .block import MAX_BLOCK_DIMS, BlockSize
+from .qparams import QParams
+from .scales import F32_MAX, F32_TINY, ScaleDtype, to_f32
+from .scheme import PRESETS, QuantScheme
+from .store import QuantStore
+from .values import Calibration, QuantMode, QuantValue
+
+__all__ = [
+    "F32_MAX",
+    "F32_TINY",
+    "MAX_BLOCK_DIMS",
+    "PRESETS",
+    "BlockSize",
+    "Calibration",
+    "QParams",
+    "QuantMode",
+    "QuantScheme",
+    "QuantStore",
+    "QuantValue",
+    "ScaleDtype",
+    "to_f32",
+]

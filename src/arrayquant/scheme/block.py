@@ -1,0 +1,102 @@
+"""Rectangular N-d block sizes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import SchemeError, ShapeError
+
+__all__ = ["MAX_BLOCK_DIMS", "BlockSize"]
+
+MAX_BLOCK_DIMS = 5
+
+
+class BlockSize:
+    """The extents of one block, canonicalised by dropping leading 1s.
+
+    Blocks are rank-relative: ``[32]`` on a rank-2 tensor is ``[1, 32]``.
+
+    >>> BlockSize((1, 32)) == BlockSize(32)
+    True
+    >>> BlockSize(32).to_dims(2)
+    (1, 32)
+    >>> BlockSize((2, 32)).num_blocks((5, 64))
+    (3, 2)
+    """
+
+    __slots__ = ("_dims",)
+    _dims: tuple[int, ...]
+
+    def __init__(self, dims: int | Iterable[int] | BlockSize) -> None:
+        if isinstance(dims, BlockSize):
+            raw: tuple[Any, ...] = dims.dims
+        elif isinstance(dims, int) and not isinstance(dims, bool):
+            raw = (dims,)
+        else:
+            try:
+                raw = tuple(dims)  # type: ignore[arg-type]
+            except TypeError:
+                msg = f"block size must be an int or a sequence of ints, got {dims!r}"
+                raise SchemeError(msg) from None
+        for d in raw:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+                msg = f"block extents must be integers >= 1, got {list(raw)!r}; use 1 for an unblocked axis"
+                raise SchemeError(msg)
+        start = 0
+        while start < len(raw) - 1 and raw[start] == 1:
+            start += 1
+        canon = tuple(int(d) for d in raw[start:])
+        if not canon:
+            msg = "block size needs at least one extent, e.g. BlockSize(32)"
+            raise SchemeError(msg)
+        if len(canon) > MAX_BLOCK_DIMS:
+            msg = (
+                f"block {list(raw)!r} has {len(canon)} extents after dropping leading 1s; "
+                f"at most {MAX_BLOCK_DIMS} are supported"
+            )
+            raise SchemeError(msg)
+        object.__setattr__(self, "_dims", canon)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("BlockSize is immutable")
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The canonical extents (no leading 1s)."""
+        return self._dims
+
+    @property
+    def size(self) -> int:
+        """Elements in one full block."""
+        return math.prod(self._dims)
+
+    def to_dims(self, rank: int) -> tuple[int, ...]:
+        """The extents left-padded with 1s to ``rank``."""
+        if len(self._dims) > rank:
+            msg = (
+                f"block {list(self._dims)} has {len(self._dims)} extents but the data has rank {rank}; "
+                "use a block with at most as many extents as the data has axes"
+            )
+            raise ShapeError(msg)
+        return (1,) * (rank - len(self._dims)) + self._dims
+
+    def num_blocks(self, shape: Iterable[int]) -> tuple[int, ...]:
+        """The scale-grid shape ``ceil(shape[i] / block[i])`` for data of ``shape``."""
+        shape = tuple(shape)
+        return tuple(-(-n // b) for n, b in zip(shape, self.to_dims(len(shape)), strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockSize):
+            return self._dims == other._dims
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(("BlockSize", self._dims))
+
+    def __repr__(self) -> str:
+        return f"BlockSize({self._dims!r})"
+
+    def __str__(self) -> str:
+        return "x".join(map(str, self._dims))

@@ -1,0 +1,229 @@
+"""The quantization scheme: value, store, mode and scale levels, with its text form."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SchemeError
+from .block import BlockSize
+from .scales import ScaleDtype
+from .store import QuantStore
+from .values import QuantMode, QuantValue
+
+__all__ = ["PRESETS", "QuantScheme"]
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """A quantization scheme, as in Burn: what is stored and how it is scaled.
+
+    ``QuantScheme()`` is Burn's default (Q8F, PackedU32(0), symmetric, no level set, which
+    resolves to one F32 scale per tensor). Builders return new schemes; setting the levels in
+    either order gives the same scheme.
+
+    >>> s = QuantScheme().with_value("q4s").per_block(32, "f16")
+    >>> str(s)
+    'q4s:block32:f16'
+    >>> QuantScheme.parse(str(s)) == s
+    True
+    >>> s.scale_dtype, s.num_levels
+    (<ScaleDtype.F16: 'f16'>, 1)
+    >>> QuantScheme.nvfp4().is_two_level
+    True
+    """
+
+    value: QuantValue = QuantValue.Q8F
+    store: QuantStore = QuantStore.packed_u32(0)
+    mode: QuantMode = QuantMode.SYMMETRIC
+    tensor: ScaleDtype | None = None
+    block: tuple[BlockSize, ScaleDtype] | None = None
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "value", QuantValue.coerce(self.value))
+        setattr_(self, "store", QuantStore.coerce(self.store))
+        setattr_(self, "mode", QuantMode.coerce(self.mode))
+        if self.tensor is not None:
+            setattr_(self, "tensor", ScaleDtype.coerce(self.tensor))
+        if self.block is not None:
+            try:
+                size, dtype = self.block
+            except (TypeError, ValueError):
+                msg = f"block level must be a (BlockSize, ScaleDtype) pair, got {self.block!r}"
+                raise SchemeError(msg) from None
+            setattr_(self, "block", (BlockSize(size), ScaleDtype.coerce(dtype)))
+
+    # -- builders -----------------------------------------------------------------------------
+    def with_value(self, value: QuantValue | str) -> QuantScheme:
+        """The same scheme with another value kind."""
+        return dataclasses.replace(self, value=QuantValue.coerce(value))
+
+    def with_store(self, store: QuantStore | str) -> QuantScheme:
+        """The same scheme with another store (``"native"``, ``"packed_u32:1"``, ...)."""
+        return dataclasses.replace(self, store=QuantStore.coerce(store))
+
+    def with_mode(self, mode: QuantMode | str) -> QuantScheme:
+        """The same scheme with another mode."""
+        return dataclasses.replace(self, mode=QuantMode.coerce(mode))
+
+    def per_tensor(self, dtype: ScaleDtype | str = ScaleDtype.F32) -> QuantScheme:
+        """Set the per-tensor level (with a block level too, the scheme becomes two-level)."""
+        return dataclasses.replace(self, tensor=ScaleDtype.coerce(dtype))
+
+    def per_block(
+        self, size: int | Iterable[int] | BlockSize, dtype: ScaleDtype | str = ScaleDtype.F32
+    ) -> QuantScheme:
+        """Set the per-block level: one scale of ``dtype`` per block of ``size``."""
+        return dataclasses.replace(self, block=(BlockSize(size), ScaleDtype.coerce(dtype)))
+
+    # -- presets ------------------------------------------------------------------------------
+    @classmethod
+    def nvfp4(cls) -> QuantScheme:
+        """NVFP4: E2M1, block [16] UE4M3, per-tensor F32, PackedNative(0)."""
+        return cls(QuantValue.E2M1, QuantStore.packed_native(0), QuantMode.SYMMETRIC,
+                   ScaleDtype.F32, (BlockSize(16), ScaleDtype.UE4M3))
+
+    @classmethod
+    def mxfp8(cls) -> QuantScheme:
+        """OCP MXFP8: E4M3, block [32] UE8M0, Native."""
+        return cls(QuantValue.E4M3, QuantStore.native(), QuantMode.SYMMETRIC,
+                   None, (BlockSize(32), ScaleDtype.UE8M0))
+
+    @classmethod
+    def mxfp4(cls) -> QuantScheme:
+        """OCP MXFP4: E2M1, block [32] UE8M0, PackedNative(0)."""
+        return cls(QuantValue.E2M1, QuantStore.packed_native(0), QuantMode.SYMMETRIC,
+                   None, (BlockSize(32), ScaleDtype.UE8M0))
+
+    # -- level resolution ---------------------------------------------------------------------
+    @property
+    def tensor_scale(self) -> ScaleDtype | None:
+        """The per-tensor scale dtype; F32 when no level is set, None for block-only."""
+        if self.tensor is not None:
+            return self.tensor
+        return ScaleDtype.F32 if self.block is None else None
+
+    @property
+    def block_scale(self) -> ScaleDtype | None:
+        """The block scale dtype, or None without a block level."""
+        return None if self.block is None else self.block[1]
+
+    @property
+    def block_size(self) -> BlockSize | None:
+        """The block extents, or None without a block level."""
+        return None if self.block is None else self.block[0]
+
+    @property
+    def scale_dtype(self) -> ScaleDtype:
+        """The innermost scale dtype: the one the stored scale grid uses."""
+        if self.block is not None:
+            return self.block[1]
+        assert self.tensor_scale is not None
+        return self.tensor_scale
+
+    @property
+    def is_two_level(self) -> bool:
+        """Block scales relative to one per-tensor f32 scale."""
+        return self.block is not None and self.tensor is not None
+
+    @property
+    def num_levels(self) -> int:
+        """1, or 2 for a two-level scheme."""
+        return 2 if self.is_two_level else 1
+
+    # -- text form ----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        for name, make in PRESETS.items():
+            if make() == self:
+                return name
+        parts = [self.value.value]
+        if self.block is not None:
+            parts += [f"block{self.block[0]}", self.block[1].value]
+        if self.tensor is not None:
+            parts += ["tensor", self.tensor.value]
+        if self.store != QuantStore():
+            parts.append(str(self.store))
+        if self.mode is not QuantMode.SYMMETRIC:
+            parts.append(self.mode.value)
+        return ":".join(parts)
+
+    def __repr__(self) -> str:
+        return f"QuantScheme.parse({str(self)!r})"
+
+    @classmethod
+    def parse(cls, text: str) -> QuantScheme:
+        """Parse the text form written by ``str(scheme)``, or a preset name.
+
+        Tokens are ``:``-separated: the value first, then in any order ``block<N>[x<M>...]
+        [:dtype]``, ``tensor[:dtype]``, a store (``native``, ``packed_u32[:dim]``,
+        ``packed_native[:dim]``) and a mode (``symmetric``, ``lookup``). A missing dtype is f32.
+
+        >>> QuantScheme.parse("q8s:block16:ue4m3:tensor:f32:native").is_two_level
+        True
+        """
+        if not isinstance(text, str):
+            msg = f"scheme text must be a str, got {type(text).__name__}"
+            raise SchemeError(msg)
+        raw = text.strip().lower()
+        if raw in PRESETS:
+            return PRESETS[raw]()
+        tokens = raw.split(":")
+        if not tokens or not tokens[0]:
+            msg = f"empty scheme text {text!r}; start with a value such as 'q8s' or a preset"
+            raise SchemeError(msg)
+        if tokens[0] in PRESETS:
+            msg = f"preset {tokens[0]!r} takes no modifiers in {text!r}; build on QuantScheme.{tokens[0]}()"
+            raise SchemeError(msg)
+        fields: dict[str, Any] = {"value": QuantValue.coerce(tokens[0])}
+        i = 1
+        dtypes = {d.value for d in ScaleDtype}
+
+        def take_optional(pred: Any) -> str | None:
+            nonlocal i
+            if i < len(tokens) and pred(tokens[i]):
+                i += 1
+                return tokens[i - 1]
+            return None
+
+        def set_once(key: str, val: Any, token: str) -> None:
+            if key in fields:
+                msg = f"scheme text {text!r} sets the {key} twice (at {token!r})"
+                raise SchemeError(msg)
+            fields[key] = val
+
+        while i < len(tokens):
+            tok = tokens[i]
+            i += 1
+            if tok.startswith("block"):
+                try:
+                    dims = tuple(int(d) for d in tok[5:].split("x"))
+                except ValueError:
+                    msg = f"bad block token {tok!r} in {text!r}; write e.g. 'block32' or 'block4x32'"
+                    raise SchemeError(msg) from None
+                dtype = take_optional(lambda t: t in dtypes) or "f32"
+                set_once("block", (BlockSize(dims), ScaleDtype.coerce(dtype)), tok)
+            elif tok == "tensor":
+                dtype = take_optional(lambda t: t in dtypes) or "f32"
+                set_once("tensor", ScaleDtype.coerce(dtype), tok)
+            elif tok in ("native", "packed_u32", "packed_native"):
+                dim = take_optional(str.isdigit)
+                set_once("store", QuantStore(tok, int(dim) if dim else 0), tok)
+            elif tok in ("symmetric", "lookup"):
+                set_once("mode", QuantMode.coerce(tok), tok)
+            else:
+                msg = (
+                    f"unknown token {tok!r} in scheme text {text!r}; expected block<N>[:dtype], "
+                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric or lookup"
+                )
+                raise SchemeError(msg)
+        return cls(**fields)
+
+
+PRESETS = {
+    "nvfp4": QuantScheme.nvfp4,
+    "mxfp8": QuantScheme.mxfp8,
+    "mxfp4": QuantScheme.mxfp4,
+}

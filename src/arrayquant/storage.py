@@ -1,0 +1,108 @@
+"""Storage of codes: native arrays, PackedU32 words, PackedNative bytes, and their sizes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .backends import shim
+from .errors import DTypeError, ShapeError
+from .invariants import Plan, namespace_of, plan_for
+from .kernels import pack_fields, padded_length, unpack_fields
+from .scheme import QuantScheme
+
+__all__ = ["pack", "pack_codes", "quantized_nbytes", "unpack", "unpack_values", "values_layout"]
+
+
+def _word_bits(plan: Plan) -> int:
+    return 32 if plan.store_kind == "packed_u32" else 8
+
+
+def values_layout(plan: Plan, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype name of the stored values for data of ``shape``."""
+    axis = plan.packed_axis(len(shape))
+    if axis is None:
+        return shape, "uint8" if plan.value.is_float else "int8"
+    word_bits = _word_bits(plan)
+    fields = padded_length(shape[axis], plan.bits, word_bits)
+    stored = fields * plan.bits // word_bits
+    return shape[:axis] + (stored,) + shape[axis + 1 :], "uint32" if word_bits == 32 else "uint8"
+
+
+def quantized_nbytes(scheme: QuantScheme | str, shape: tuple[int, ...]) -> int:
+    """Exact length of the Burn byte layout: values, then scales, then the f32 global.
+
+    >>> quantized_nbytes("q8s:block4:ue4m3:tensor:f32:native", (8,))
+    14
+    >>> quantized_nbytes("q4s", (3, 3))  # each line padded to a whole word
+    16
+    """
+    plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
+    shape = tuple(int(n) for n in shape)
+    vshape, dtype = values_layout(plan, shape)
+    item = {"int8": 1, "uint8": 1, "uint32": 4}[dtype]
+    n_scales = math.prod(plan.grid_shape(shape))
+    return math.prod(vshape) * item + n_scales * plan.scale_dtype.nbytes + (4 if plan.two_level else 0)
+
+
+def pack_codes(codes: Any, plan: Plan, *, xp: Any) -> Any:
+    """Codes (int8 or uint8) in the scheme's storage form."""
+    axis = plan.packed_axis(codes.ndim)
+    if axis is None:
+        return codes
+    word_bits = _word_bits(plan)
+    packed = pack_fields(codes, plan.bits, axis, word_bits, xp=xp)
+    return shim.bytes_to_words(packed, axis, xp=xp) if word_bits == 32 else packed
+
+
+def unpack_values(values: Any, plan: Plan, rank: int, n: int, *, xp: Any) -> Any:
+    """Codes from stored values; ``n`` is the unpadded length along the packed axis."""
+    axis = plan.packed_axis(rank)
+    if axis is None:
+        return values
+    raw = shim.words_to_bytes(values, axis, xp=xp) if plan.store_kind == "packed_u32" else values
+    return unpack_fields(raw, plan.bits, axis, n, signed=not plan.value.is_float, xp=xp)
+
+
+def _check_values(values: Any, plan: Plan, shape: tuple[int, ...], xp: Any) -> None:
+    want_shape, want_dtype = values_layout(plan, shape)
+    dtype = getattr(xp, want_dtype)
+    if values.dtype != dtype or tuple(values.shape) != want_shape:
+        msg = (
+            f"values of dtype {values.dtype} and shape {tuple(values.shape)} do not fit scheme "
+            f"{plan.scheme} for data of shape {shape}: expected {want_dtype} {want_shape}"
+        )
+        raise ShapeError(msg)
+
+
+def pack(codes: Any, scheme: QuantScheme | str) -> Any:
+    """Pack codes along the scheme's packed axis (``rank - 1 - dim``) into its storage.
+
+    >>> import array_api_strict as xp
+    >>> words = pack(xp.asarray([[1, -1, 2]], dtype=xp.int8), "q4s")
+    >>> hex(int(words[0, 0]))
+    '0x2f1'
+    """
+    plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
+    xp = namespace_of(codes, "codes")
+    want = xp.uint8 if plan.value.is_float else xp.int8
+    if codes.dtype != want:
+        msg = f"codes must be {want} for {plan.value.name}, got {codes.dtype}; use QuantizedTensor.codes()"
+        raise DTypeError(msg)
+    if codes.ndim == 0:
+        msg = "codes must have at least one axis"
+        raise ShapeError(msg)
+    return pack_codes(codes, plan, xp=xp)
+
+
+def unpack(values: Any, scheme: QuantScheme | str, shape: tuple[int, ...]) -> Any:
+    """Codes of data of ``shape`` from stored ``values`` (int8, or uint8 for float values)."""
+    plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
+    xp = namespace_of(values, "values")
+    shape = tuple(int(n) for n in shape)
+    if not shape:
+        msg = "shape must have at least one axis"
+        raise ShapeError(msg)
+    _check_values(values, plan, shape, xp)
+    axis = plan.packed_axis(len(shape))
+    return unpack_values(values, plan, len(shape), shape[axis] if axis is not None else 0, xp=xp)

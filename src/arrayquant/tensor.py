@@ -1,0 +1,74 @@
+"""The quantized tensor: stored values, stored scales and the scheme that explains them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import array_api_compat as compat
+
+from .backends import namespace, shim
+from .scheme import QuantScheme
+from .storage import quantized_nbytes, unpack
+
+__all__ = ["QuantizedTensor", "dtype_name"]
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"float32"`` for ``numpy.float32``, ``torch.float32``, ``jnp.float32``, ..."""
+    return str(dtype).rsplit(".", 1)[-1].replace("'>", "").replace("<class '", "")
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedTensor:
+    """An immutable quantized tensor.
+
+    ``values`` are the stored fields (int8, uint8 or uint32 words), ``scales`` the stored
+    (rounded-up) scales as f32 shaped as the scale grid, ``global_scale`` the ``(1,)`` f32
+    per-tensor scale of a two-level scheme, ``dtype`` the original float dtype.
+    """
+
+    scheme: QuantScheme
+    shape: tuple[int, ...]
+    dtype: Any
+    values: Any
+    scales: Any
+    global_scale: Any = None
+    table: Any = None
+
+    @property
+    def device(self) -> Any:
+        """The device the values live on."""
+        return compat.device(self.values)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the Burn byte layout of this tensor."""
+        return quantized_nbytes(self.scheme, self.shape)
+
+    def codes(self) -> Any:
+        """The unpacked codes: int8 for integer values, uint8 for float values."""
+        return unpack(self.values, self.scheme, self.shape)
+
+    def to_backend(self, name: str, device: Any = None) -> QuantizedTensor:
+        """The same tensor, bit for bit, as arrays of backend ``name``."""
+        move = lambda a: None if a is None else shim.convert(a, name, device)  # noqa: E731
+        xp = namespace(name)
+        return replace(
+            self,
+            values=move(self.values),
+            scales=move(self.scales),
+            global_scale=move(self.global_scale),
+            table=move(self.table),
+            dtype=getattr(xp, dtype_name(self.dtype)),
+        )
+
+    def to_device(self, device: Any) -> QuantizedTensor:
+        """The same tensor on ``device`` (``"cpu"``, ``"cuda:1"`` or a native device)."""
+        return self.to_backend(shim.backend_name(self.values), device)
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedTensor(scheme={str(self.scheme)!r}, shape={self.shape}, "
+            f"dtype={dtype_name(self.dtype)}, backend={shim.backend_name(self.values)}, device={self.device!r})"
+        )

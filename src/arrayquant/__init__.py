@@ -26,8 +26,10 @@ from .errors import (
     ShapeError,
     UnexpectedGlobalScaleError,
 )
+from .io import from_bytes, to_bytes
 from .quantize import compute_q_params, compute_range, quantize, round_up_scales
 from .scheme import (
+    NF4,
     BlockSize,
     Calibration,
     QParams,
@@ -43,6 +45,7 @@ from .tensor import QuantizedTensor
 __version__ = "0.1.0"
 
 __all__ = [
+    "NF4",
     "BackendUnavailableError",
     "BlockSize",
     "Calibration",
@@ -70,9 +73,11 @@ __all__ = [
     "compute_range",
     "dequantize",
     "errors",
+    "from_bytes",
     "pack",
     "quantize",
     "quantized_nbytes",
     "round_up_scales",
+    "to_bytes",
     "unpack",
 ]

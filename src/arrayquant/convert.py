@@ -23,4 +23,3 @@ def asarray(obj: Any, *, backend: str | None = None, device: Any = None) -> Any:
     if backend is None:
         backend = shim.backend_name(obj) if compat.is_array_api_obj(obj) else default().name
     return shim.convert(obj, backend, device)
-

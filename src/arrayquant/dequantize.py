@@ -23,7 +23,7 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     >>> import array_api_strict as xp
     >>> from arrayquant import quantize
     >>> x = xp.asarray([[0.5, -1.0, 0.25, 2.0]])
-    >>> [float(v) for v in dequantize(quantize(x, "q8s:native"))[0]]
+    >>> [float(v) for v in dequantize(quantize(x, "q8s:native"))[0, ...]]
     [0.4960629940032959, -1.0, 0.2519685626029968, 2.0]
     """
     if not isinstance(qt, QuantizedTensor):
@@ -54,7 +54,9 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
             codes = unpack_values(qt.values[c.stored, ...], plan, rank, rows if axis == 0 else n_axis, xp=xp)
             if dims:
                 cb = as_blocks(pad_to_blocks(codes, dims, xp=xp, edge=False), dims, xp=xp)
-                y = from_blocks(dequantize_int(cb, grid_as_blocks(eff[c.grid, ...], xp=xp), xp=xp), tuple(codes.shape), xp=xp)
+                y = from_blocks(
+                    dequantize_int(cb, grid_as_blocks(eff[c.grid, ...], xp=xp), xp=xp), tuple(codes.shape), xp=xp
+                )
             else:
                 y = dequantize_int(codes, eff, xp=xp)
             parts.append((c.rows, xp.astype(y, out_dtype, copy=False)))

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .chunks import assemble, row_chunks
 from array_api_compat import device as device_of
 
 from .backends import shim
+from .chunks import assemble, row_chunks
 from .errors import ParamsError, ShapeError
 from .invariants import (
     Plan,
     can_read,
     check_calibration,
-    check_finite as check_data_finite,
     check_input,
     check_params,
     check_rounding,
@@ -27,6 +26,9 @@ from .invariants import (
     plan_for,
     require_kernel,
 )
+from .invariants import (
+    check_finite as check_data_finite,
+)
 from .kernels import (
     absmax,
     as_blocks,
@@ -35,13 +37,14 @@ from .kernels import (
     grid_as_blocks,
     pad_to_blocks,
     quantize_int,
-    round_up_scales as _round_up,
-    safe_divisor,
     scales_from_absmax,
     scales_from_range,
     store_scales,
 )
 from .kernels import compute_range as _compute_range
+from .kernels import (
+    round_up_scales as _round_up,
+)
 from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
 from .storage import pack_codes, values_layout
 from .tensor import QuantizedTensor
@@ -58,14 +61,14 @@ def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | 
 
     >>> import array_api_strict as xp
     >>> lo, hi = compute_range(xp.asarray([[1.0, -3.0, 2.0]]), "q8s:block2:f32")
-    >>> lo.shape, [float(v) for v in hi[0]]
+    >>> lo.shape, [float(v) for v in hi[0, ...]]
     ((1, 2), [1.0, 2.0])
     """
     plan = _scheme(scheme)
     cal = check_calibration(calibration, plan)
     xp, _ = check_input(x, plan)
     with shim.quiet(xp):
-        return _compute_range(x, plan.block_dims(x.ndim), cal, xp=xp)
+        return _compute_range(x, plan.block_dims(x.ndim), cal, xp=shim.kernel_namespace(xp))
 
 
 def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any) -> QParams:  # noqa: A002
@@ -83,7 +86,8 @@ def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any) -> QParams: 
         msg = f"min has shape {tuple(min.shape)} but max has {tuple(max.shape)}; pass both from compute_range"
         raise ShapeError(msg)
     with shim.quiet(xp):
-        s, g = scales_from_range(xp.astype(min, xp.float32), xp.astype(max, xp.float32), plan, xp=xp)
+        kx = shim.kernel_namespace(xp)
+        s, g = scales_from_range(xp.astype(min, xp.float32), xp.astype(max, xp.float32), plan, xp=kx)
     return QParams(scales=s, global_scale=g)
 
 
@@ -125,7 +129,7 @@ def quantize(
 
     >>> import array_api_strict as xp
     >>> qt = quantize(xp.asarray([[0.5, -1.0, 0.25, 2.0]]), "q8s:block2:f16:native")
-    >>> [int(c) for c in qt.codes()[0]], [float(s) for s in qt.scales[0]]
+    >>> [int(c) for c in qt.codes()[0, ...]], [float(s) for s in qt.scales[0, ...]]
     ([64, -127, 16, 127], [0.00787353515625, 0.0157470703125])
     """
     plan = _scheme(scheme)
@@ -145,7 +149,7 @@ def quantize(
     if check_finite and not readable:
         x = shim.guard_finite(x)
     with shim.quiet(xp):
-        return _quantize(x, plan, given, cal, rounding, check_finite, readable, xp, device)
+        return _quantize(x, plan, given, cal, rounding, check_finite, readable, shim.kernel_namespace(xp), device)
 
 
 def _quantize(
@@ -170,22 +174,24 @@ def _quantize(
     grid = plan.grid_shape(shape)
     f32 = xp.float32
 
+    unchecked = scrub  # unchecked input: calibrate on the finite values, so inf saturates
+
     def alpha_of(xc: Any) -> Any:
         if cal is Calibration.ABSMEAN:
-            return _compute_range(xc, dims, cal, xp=xp)[1]
-        return absmax(xc, dims, xp=xp)
+            return _compute_range(xc, dims, cal, xp=xp, finite_only=unchecked)[1]
+        return absmax(xc, dims, xp=xp, finite_only=unchecked)
 
     def verify(alpha: Any) -> None:
         # a non-finite range means non-finite data: find and report it before storing anything
         if finite_checked and readable and not bool(xp.all(xp.isfinite(alpha))):
             check_data_finite(x, xp)
 
-    def codes_of(xc: Any, divisor: Any) -> Any:
+    def codes_of(xc: Any, eff: Any) -> Any:
         xc = xp.astype(xc, f32, copy=False)
         if not dims:
-            return quantize_int(xc, divisor, plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+            return quantize_int(xc, eff, plan, rounding=rounding, scrub_nan=scrub, xp=xp)
         xb = as_blocks(pad_to_blocks(xc, dims, xp=xp, edge=False), dims, xp=xp)
-        q = quantize_int(xb, grid_as_blocks(divisor, xp=xp), plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+        q = quantize_int(xb, grid_as_blocks(eff, xp=xp), plan, rounding=rounding, scrub_nan=scrub, xp=xp)
         return from_blocks(q, tuple(xc.shape), xp=xp)
 
     glob = None
@@ -198,9 +204,9 @@ def _quantize(
         if not dims and cal is Calibration.ABSMEAN:
             alpha = alpha_of(x)  # one fixed summation tree over the whole tensor
         elif not dims:
-            alpha = _combine_max([absmax(x[c.rows, ...], (), xp=xp) for c in chunks], xp)
+            alpha = _combine_max([alpha_of(x[c.rows, ...]) for c in chunks], xp)
         else:
-            alpha = assemble([(c.grid, absmax(x[c.rows, ...], dims, xp=xp)) for c in chunks], grid, f32, xp, device)
+            alpha = assemble([(c.grid, alpha_of(x[c.rows, ...])) for c in chunks], grid, f32, xp, device)
         verify(alpha)
         s, glob = scales_from_absmax(alpha, plan, xp=xp)
         stored = store_scales(s, plan, xp=xp)
@@ -218,8 +224,8 @@ def _quantize(
         else:
             assert stored is not None
             stored_c = stored[c.grid, ...] if dims else stored
-        divisor = safe_divisor(effective_scale(stored_c, glob, plan, xp=xp), xp=xp)
-        values_parts.append((c.stored, pack_codes(codes_of(xc, divisor), plan, xp=xp)))
+        eff = effective_scale(stored_c, glob, plan, xp=xp)
+        values_parts.append((c.stored, pack_codes(codes_of(xc, eff), plan, xp=xp)))
     values = assemble(values_parts, vshape, getattr(xp, vdtype), xp, device)
     if fused:
         stored = assemble(scale_parts, grid, f32, xp, device)

@@ -26,7 +26,7 @@ def values_layout(plan: Plan, shape: tuple[int, ...]) -> tuple[tuple[int, ...], 
     word_bits = _word_bits(plan)
     fields = padded_length(shape[axis], plan.bits, word_bits)
     stored = fields * plan.bits // word_bits
-    return shape[:axis] + (stored,) + shape[axis + 1 :], "uint32" if word_bits == 32 else "uint8"
+    return (*shape[:axis], stored, *shape[axis + 1 :]), "uint32" if word_bits == 32 else "uint8"
 
 
 def quantized_nbytes(scheme: QuantScheme | str, shape: tuple[int, ...]) -> int:
@@ -90,7 +90,7 @@ def pack(codes: Any, scheme: QuantScheme | str) -> Any:
         msg = f"codes must be {want} for {plan.value.name}, got {codes.dtype}; use QuantizedTensor.codes()"
         raise DTypeError(msg)
     if codes.ndim == 0:
-        msg = "codes must have at least one axis"
+        msg = f"codes has shape {tuple(codes.shape)}, but packing needs at least one axis; reshape to (1,)"
         raise ShapeError(msg)
     return pack_codes(codes, plan, xp=xp)
 
@@ -101,7 +101,7 @@ def unpack(values: Any, scheme: QuantScheme | str, shape: tuple[int, ...]) -> An
     xp = namespace_of(values, "values")
     shape = tuple(int(n) for n in shape)
     if not shape:
-        msg = "shape must have at least one axis"
+        msg = f"shape {shape!r} has no axes, but unpack needs at least one axis; pass the data's shape, e.g. (n,)"
         raise ShapeError(msg)
     _check_values(values, plan, shape, xp)
     axis = plan.packed_axis(len(shape))

@@ -52,7 +52,7 @@ class QuantizedTensor:
 
     def to_backend(self, name: str, device: Any = None) -> QuantizedTensor:
         """The same tensor, bit for bit, as arrays of backend ``name``."""
-        move = lambda a: None if a is None else shim.convert(a, name, device)  # noqa: E731
+        move = lambda a: None if a is None else shim.convert(a, name, device)
         xp = namespace(name)
         return replace(
             self,

@@ -56,7 +56,7 @@ def _devices(name: str) -> tuple[str, ...]:
         import torch
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return ("cpu",) + tuple(f"cuda:{i}" for i in range(gpus))
+        return ("cpu", *tuple(f"cuda:{i}" for i in range(gpus)))
     if name == "jax":
         import jax
 
@@ -70,7 +70,7 @@ def _devices(name: str) -> tuple[str, ...]:
     return ("cpu",)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe(name: str) -> BackendInfo:
     """Import ``name`` if installed and find out whether it can run and on which devices."""
     if name not in BACKENDS:

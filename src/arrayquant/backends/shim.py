@@ -21,7 +21,9 @@ __all__ = [
     "backend_name",
     "bytes_to_words",
     "convert",
+    "flushes_subnormals",
     "guard_finite",
+    "kernel_namespace",
     "native_device",
     "quiet",
     "to_host",
@@ -84,7 +86,7 @@ def native_device(backend: str, device: Any) -> Any:
         if backend == "jax":
             import jax
 
-            return [d for d in jax.devices() if d.platform == "gpu" and d.id == ordinal][0]
+            return next(d for d in jax.devices() if d.platform == "gpu" and d.id == ordinal)
     msg = f"device {device!r} is not available to backend {backend!r}; its devices are {list(devices)}"
     raise DeviceError(msg)
 
@@ -125,6 +127,15 @@ def convert(obj: Any, backend: str, device: Any = None) -> Any:
     return xp.asarray(host, device=dev) if dev is not None else xp.asarray(host)
 
 
+def flushes_subnormals(xp: Any) -> bool:
+    """Whether ``xp`` flushes f32 subnormal results to zero (XLA on CPU, CUDA with ``-ftz``).
+
+    On such backends the smallest UE8M0 scale, 2^-127, reads back as 0; its stored code is the
+    same (0x00) because encoding clamps the exponent.
+    """
+    return bool(compat.is_jax_namespace(xp) or compat.is_cupy_namespace(xp))
+
+
 def writeable(x: Any) -> bool:
     """Whether results can be written into slices of arrays like ``x`` (eager, mutable)."""
     return compat.is_writeable_array(x) and not compat.is_lazy_array(x)
@@ -154,18 +165,50 @@ def _check_chunk(block: np.ndarray) -> np.ndarray:
 def guard_finite(x: Any) -> Any:
     """For lazy dask input: the same array, raising when computed if it holds NaN/inf."""
     if compat.is_dask_array(x):
-        return x.map_blocks(_check_chunk, dtype=x.dtype)
+        lazy: Any = x
+        return lazy.map_blocks(_check_chunk, dtype=x.dtype)
     return x
 
 
+class _ExactDivision:
+    """A namespace whose ``divide`` is IEEE division on XLA.
+
+    XLA rewrites ``a / broadcast(b)`` into ``a * broadcast(1 / b)``, which is off by one ulp for
+    a large share of inputs and so changes scales and codes. Materialising both operands behind an
+    optimisation barrier keeps a true division; everything else is the backend's own namespace.
+    """
+
+    def __init__(self, xp: Any) -> None:
+        self._xp = xp
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._xp, name)
+
+    def divide(self, x1: Any, x2: Any) -> Any:
+        import jax
+
+        xp = self._xp
+        shape = tuple(np.broadcast_shapes(tuple(x1.shape), tuple(x2.shape)))
+        a = jax.lax.optimization_barrier(xp.broadcast_to(x1, shape))
+        b = jax.lax.optimization_barrier(xp.broadcast_to(x2, shape))
+        return xp.divide(a, b)
+
+
+def kernel_namespace(xp: Any) -> Any:
+    """The namespace kernels should use for ``xp``: itself, or a corrected one (see above)."""
+    if compat.is_jax_namespace(xp):
+        return _ExactDivision(xp)
+    return xp
+
+
 def _move_last(x: Any, axis: int, xp: Any) -> Any:
-    perm = tuple(i for i in range(x.ndim) if i != axis) + (axis,)
+    perm = (*tuple(i for i in range(x.ndim) if i != axis), axis)
     return xp.permute_dims(x, perm)
 
 
 def _move_back(x: Any, axis: int, xp: Any) -> Any:
     last = x.ndim - 1
-    perm = tuple(range(axis)) + (last,) + tuple(range(axis, last))
+    perm = (*tuple(range(axis)), last, *tuple(range(axis, last)))
     return xp.permute_dims(x, perm)
 
 
@@ -190,7 +233,7 @@ def bytes_to_words(b: Any, axis: int, *, xp: Any) -> Any:
     # standard-only fallback: shifts on uint32
     dev = compat.device(b)
     shape = tuple(last.shape)
-    quads = xp.reshape(xp.astype(last, xp.uint32), shape[:-1] + (shape[-1] // 4, 4))
+    quads = xp.reshape(xp.astype(last, xp.uint32), (*shape[:-1], shape[-1] // 4, 4))
     words = quads[..., 0]
     for k in range(1, 4):
         shift = xp.asarray(8 * k, dtype=xp.uint32, device=dev)
@@ -213,4 +256,4 @@ def words_to_bytes(w: Any, axis: int, *, xp: Any) -> Any:
             shifted = xp.bitwise_right_shift(last, xp.asarray(8 * k, dtype=xp.uint32, device=dev))
             parts.append(xp.astype(xp.bitwise_and(shifted, mask), xp.uint8))
         raw = xp.stack(parts, axis=-1)
-    return _move_back(xp.reshape(raw, shape[:-1] + (shape[-1] * 4,)), axis, xp)
+    return _move_back(xp.reshape(raw, (*shape[:-1], shape[-1] * 4)), axis, xp)

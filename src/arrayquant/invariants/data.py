@@ -43,7 +43,7 @@ def check_input(x: Any, plan: Plan, name: str = "x") -> tuple[Any, Any]:
         )
         raise DTypeError(msg)
     shape = tuple(x.shape)
-    if any(n is None for n in shape):
+    if any(n is None or n != n for n in shape):  # dask marks unknown lengths as NaN
         msg = f"{name} has an unknown shape {shape}; compute its chunk sizes first (dask: x.compute_chunk_sizes())"
         raise ShapeError(msg)
     if len(shape) == 0:
@@ -95,11 +95,11 @@ def check_finite(x: Any, xp: Any, name: str = "x") -> None:
     n = flat.shape[0]
     count, first = 0, -1
     for start in range(0, n, CHECK_CHUNK_ELEMENTS):
-        bad = xp.logical_not(xp.isfinite(flat[start : start + CHECK_CHUNK_ELEMENTS]))
+        bad = xp.logical_not(xp.isfinite(flat[start : min(start + CHECK_CHUNK_ELEMENTS, n)]))
         if bool(xp.any(bad)):
             if first < 0:
                 first = start + int(xp.argmax(xp.astype(bad, xp.uint8)))
-            count += int(xp.sum(xp.astype(bad, xp.int64)))
+            count += int(xp.sum(xp.astype(bad, xp.int32), dtype=xp.int32))
     if count:
         index = _unravel(first, shape)
         value = float(flat[first])

@@ -12,7 +12,7 @@ from ..scheme import QParams, QuantMode
 from .data import can_read, check_same_place
 from .plan import Plan
 
-__all__ = ["CheckedParams", "check_params", "check_scale_values"]
+__all__ = ["CheckedParams", "check_params", "check_scale_values", "check_table"]
 
 CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or None, table f32 or None)
 
@@ -38,7 +38,7 @@ def check_scale_values(arr: Any, name: str, xp: Any) -> None:
     bad = xp.logical_or(xp.logical_not(xp.isfinite(flat)), flat < 0)
     if bool(xp.any(bad)):
         i = int(xp.argmax(xp.astype(bad, xp.uint8)))
-        count = int(xp.sum(xp.astype(bad, xp.int64)))
+        count = int(xp.sum(xp.astype(bad, xp.int32), dtype=xp.int32))
         msg = (
             f"{name} has {count} invalid entr{'y' if count == 1 else 'ies'} (first at flat index {i}: "
             f"{float(flat[i])}); scales must be finite and >= 0, so recompute them from clean data"

@@ -149,8 +149,5 @@ def require_kernel(plan: Plan) -> None:
         )
         raise SchemeError(msg)
     if plan.scheme.mode is QuantMode.LOOKUP:
-        msg = (
-            f"scheme {plan.scheme}: lookup-mode kernels are not available in this version; "
-            "use with_mode('symmetric')"
-        )
+        msg = f"scheme {plan.scheme}: lookup-mode kernels are not available in this version; use with_mode('symmetric')"
         raise SchemeError(msg)

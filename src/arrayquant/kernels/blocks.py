@@ -40,9 +40,9 @@ def pad_to_blocks(x: Any, dims: tuple[int, ...], *, xp: Any, edge: bool) -> Any:
         cur = tuple(x.shape)
         if edge:
             last = x[(slice(None),) * axis + (slice(n - 1, n), ...)]
-            fill = xp.broadcast_to(last, cur[:axis] + (extra,) + cur[axis + 1 :])
+            fill = xp.broadcast_to(last, (*cur[:axis], extra, *cur[axis + 1 :]))
         else:
-            fill = xp.zeros(cur[:axis] + (extra,) + cur[axis + 1 :], dtype=x.dtype, device=device_of(x))
+            fill = xp.zeros((*cur[:axis], extra, *cur[axis + 1 :]), dtype=x.dtype, device=device_of(x))
         x = xp.concat((x, fill), axis=axis)
     return x
 

@@ -10,17 +10,22 @@ from array_api_compat import device as device_of
 from ..scheme import Calibration
 from .blocks import as_blocks, block_reduce, pad_to_blocks
 
-__all__ = ["absmax", "compute_range"]
+__all__ = ["absmax", "compute_range", "finite_abs"]
 
 
+def finite_abs(x: Any, *, xp: Any) -> Any:
+    """``|x|`` with NaN and infinities replaced by 0, for calibrating unchecked input."""
+    a = xp.abs(xp.astype(x, xp.float32, copy=False))
+    return xp.where(xp.isfinite(a), a, xp.asarray(0.0, dtype=xp.float32, device=device_of(a)))
 
-def absmax(x: Any, dims: tuple[int, ...], *, xp: Any) -> Any:
+
+def absmax(x: Any, dims: tuple[int, ...], *, xp: Any, finite_only: bool = False) -> Any:
     """``max(|x|)`` per block (grid-shaped) or per tensor (``dims == ()``, shape ``(1,)``).
 
-    Equal bit for bit to ``max(|min|, |max|)``; NaN propagates, so a non-finite block shows up
-    as a non-finite result.
+    Equal bit for bit to ``max(|min|, |max|)``. NaN propagates, so a non-finite block shows up
+    as a non-finite result, unless ``finite_only`` calibrates on the finite values alone.
     """
-    a = xp.abs(xp.astype(x, xp.float32, copy=False))
+    a = finite_abs(x, xp=xp) if finite_only else xp.abs(xp.astype(x, xp.float32, copy=False))
     if not dims:
         return xp.reshape(xp.max(a), (1,))
     a = pad_to_blocks(a, dims, xp=xp, edge=False)
@@ -39,7 +44,7 @@ def _pairwise_sum(v: Any, *, xp: Any) -> Any:
     n = v.shape[-1]
     width = 1 << max(n - 1, 0).bit_length()
     if width != n:
-        pad = xp.zeros(tuple(v.shape[:-1]) + (width - n,), dtype=v.dtype, device=device_of(v))
+        pad = xp.zeros((*tuple(v.shape[:-1]), width - n), dtype=v.dtype, device=device_of(v))
         v = xp.concat((v, pad), axis=-1)
     while v.shape[-1] > 1:
         h = v.shape[-1] // 2
@@ -47,18 +52,19 @@ def _pairwise_sum(v: Any, *, xp: Any) -> Any:
     return v[..., 0]
 
 
-def _absmean(x: Any, dims: tuple[int, ...], *, xp: Any) -> Any:
-    a = xp.abs(x)
+def _absmean(x: Any, dims: tuple[int, ...], *, xp: Any, finite_only: bool) -> Any:
+    a = finite_abs(x, xp=xp) if finite_only else xp.abs(x)
     shape = tuple(x.shape)
     if not dims:
         total = _pairwise_sum(xp.reshape(a, (-1,)), xp=xp)
-        return xp.reshape(xp.divide(total, float(math.prod(shape))), (1,))
+        count = xp.asarray(float(math.prod(shape)), dtype=xp.float32, device=device_of(x))
+        return xp.reshape(xp.divide(total, count), (1,))
     rank = len(shape)
     v = as_blocks(pad_to_blocks(a, dims, xp=xp, edge=False), dims, xp=xp)
     grid = tuple(v.shape[2 * i] for i in range(rank))
     # block elements in row-major order within the block, then the fixed tree
     v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
-    total = _pairwise_sum(xp.reshape(v, grid + (math.prod(dims),)), xp=xp)
+    total = _pairwise_sum(xp.reshape(v, (*grid, math.prod(dims))), xp=xp)
     count = xp.ones(grid, dtype=xp.float32, device=device_of(x))
     for axis, (n, b) in enumerate(zip(shape, dims, strict=True)):
         per_block = [float(min(b, n - g * b)) for g in range(grid[axis])]
@@ -67,14 +73,17 @@ def _absmean(x: Any, dims: tuple[int, ...], *, xp: Any) -> Any:
     return xp.divide(total, count)
 
 
-def compute_range(x: Any, dims: tuple[int, ...], calibration: Calibration, *, xp: Any) -> tuple[Any, Any]:
+def compute_range(
+    x: Any, dims: tuple[int, ...], calibration: Calibration, *, xp: Any, finite_only: bool = False
+) -> tuple[Any, Any]:
     """``(min, max)`` shaped as the scale grid (``(1,)`` when ``dims == ()``), in f32.
 
     AbsMean gives ``(-gamma, gamma)`` with ``gamma = mean(|x|)`` summed by a fixed pairwise tree,
-    so every backend gets the same bits.
+    so every backend gets the same bits. ``finite_only`` ignores NaN/inf (AbsMean still counts
+    them as zeros), for input that was not checked.
     """
     x = xp.astype(x, xp.float32, copy=False)
     if calibration is Calibration.ABSMEAN:
-        gamma = _absmean(x, dims, xp=xp)
+        gamma = _absmean(x, dims, xp=xp, finite_only=finite_only)
         return xp.negative(gamma), gamma
     return _minmax(x, dims, xp=xp)

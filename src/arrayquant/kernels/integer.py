@@ -24,16 +24,22 @@ def _round_half_away(y: Any, *, xp: Any) -> Any:
     return xp.where(tie, xp.add(t, xp.sign(y)), xp.round(y))
 
 
-def quantize_int(x: Any, divisor: Any, plan: Plan, *, rounding: str, scrub_nan: bool, xp: Any) -> Any:
-    """int8 codes of f32 ``x`` divided by a broadcastable ``divisor`` (see :func:`safe_divisor`).
+def quantize_int(x: Any, eff: Any, plan: Plan, *, rounding: str, scrub_nan: bool, xp: Any) -> Any:
+    """int8 codes of f32 ``x`` over a broadcastable effective scale ``eff``.
 
-    ``scrub_nan`` maps NaN (from unchecked NaN input, or inf over a zero scale) to code 0; it is
-    skipped when the input is known to be finite.
+    Finite input over a zero scale divides by +inf and gives code 0 with no extra pass. With
+    ``scrub_nan`` (input not known to be finite) NaN maps to 0 and zero scales are masked instead,
+    so that inf over a zero scale never forms inf/inf.
     """
-    y = xp.divide(x, divisor)
-    r = xp.round(y) if rounding == "half_even" else _round_half_away(y, xp=xp)
-    if scrub_nan:
-        r = xp.where(xp.isnan(r), xp.asarray(0.0, dtype=r.dtype, device=device_of(r)), r)
+    if not scrub_nan:
+        y = xp.divide(x, safe_divisor(eff, xp=xp))
+        r = xp.round(y) if rounding == "half_even" else _round_half_away(y, xp=xp)
+    else:
+        dev = device_of(eff)
+        zero = eff == 0
+        y = xp.divide(x, xp.where(zero, xp.asarray(1.0, dtype=eff.dtype, device=dev), eff))
+        r = xp.round(y) if rounding == "half_even" else _round_half_away(y, xp=xp)
+        r = xp.where(xp.logical_or(xp.isnan(r), zero), xp.asarray(0.0, dtype=r.dtype, device=dev), r)
     r = xp.clip(r, float(plan.qmin), float(plan.qmax))
     return xp.astype(r, xp.int8)
 

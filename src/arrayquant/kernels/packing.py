@@ -33,13 +33,13 @@ def pack_fields(codes: Any, bits: int, axis: int, word_bits: int, *, xp: Any) ->
     n = fields.shape[axis]
     total = padded_length(n, bits, word_bits)
     if total != n:
-        pad_shape = tuple(fields.shape[:axis]) + (total - n,) + tuple(fields.shape[axis + 1 :])
+        pad_shape = (*tuple(fields.shape[:axis]), total - n, *tuple(fields.shape[axis + 1 :]))
         fields = xp.concat((fields, xp.zeros(pad_shape, dtype=xp.uint8, device=dev)), axis=axis)
     per_byte = 8 // bits
     if per_byte == 1:
         return fields
     shape = tuple(fields.shape)
-    grouped = xp.reshape(fields, shape[:axis] + (total // per_byte, per_byte) + shape[axis + 1 :])
+    grouped = xp.reshape(fields, (*shape[:axis], total // per_byte, per_byte, *shape[axis + 1 :]))
     lead = (slice(None),) * (axis + 1)
     out = grouped[lead + (0, ...)]
     for k in range(1, per_byte):
@@ -62,7 +62,7 @@ def unpack_fields(packed: Any, bits: int, axis: int, n: int, *, signed: bool, xp
         ]
         stacked = xp.stack(parts, axis=axis + 1)
         shape = tuple(packed.shape)
-        fields = xp.reshape(stacked, shape[:axis] + (shape[axis] * per_byte,) + shape[axis + 1 :])
+        fields = xp.reshape(stacked, (*shape[:axis], shape[axis] * per_byte, *shape[axis + 1 :]))
     if fields.shape[axis] != n:
         fields = fields[(slice(None),) * axis + (slice(0, n), ...)]
     if not signed:

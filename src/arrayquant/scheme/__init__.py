@@ -1,6 +1,7 @@
 """The scheme model: pure Python descriptions of a quantization, no arrays."""
 
 from .block import MAX_BLOCK_DIMS, BlockSize
+from .codebooks import NF4
 from .qparams import QParams
 from .scales import F32_MAX, F32_TINY, ScaleDtype, to_f32
 from .scheme import PRESETS, QuantScheme
@@ -11,6 +12,7 @@ __all__ = [
     "F32_MAX",
     "F32_TINY",
     "MAX_BLOCK_DIMS",
+    "NF4",
     "PRESETS",
     "BlockSize",
     "Calibration",

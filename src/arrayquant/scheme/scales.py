@@ -83,10 +83,7 @@ class ScaleDtype(enum.Enum):
         if math.isnan(a):
             return a
         if a < 0:
-            msg = (
-                f"scale {scale!r} is negative; scales are magnitudes, so pass abs(scale) "
-                "or recompute the parameters"
-            )
+            msg = f"scale {scale!r} is negative; scales are magnitudes, so pass abs(scale) or recompute the parameters"
             raise ParamsError(msg)
         if self is ScaleDtype.F32:
             return a + 0.0  # -0.0 -> 0.0

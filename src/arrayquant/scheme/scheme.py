@@ -15,6 +15,8 @@ from .values import QuantMode, QuantValue
 
 __all__ = ["PRESETS", "QuantScheme"]
 
+_DEFAULT_STORE = QuantStore()  # Burn's default: PackedU32(0)
+
 
 @dataclass(frozen=True)
 class QuantScheme:
@@ -36,7 +38,7 @@ class QuantScheme:
     """
 
     value: QuantValue = QuantValue.Q8F
-    store: QuantStore = QuantStore.packed_u32(0)
+    store: QuantStore = _DEFAULT_STORE
     mode: QuantMode = QuantMode.SYMMETRIC
     tensor: ScaleDtype | None = None
     block: tuple[BlockSize, ScaleDtype] | None = None
@@ -73,9 +75,7 @@ class QuantScheme:
         """Set the per-tensor level (with a block level too, the scheme becomes two-level)."""
         return dataclasses.replace(self, tensor=ScaleDtype.coerce(dtype))
 
-    def per_block(
-        self, size: int | Iterable[int] | BlockSize, dtype: ScaleDtype | str = ScaleDtype.F32
-    ) -> QuantScheme:
+    def per_block(self, size: int | Iterable[int] | BlockSize, dtype: ScaleDtype | str = ScaleDtype.F32) -> QuantScheme:
         """Set the per-block level: one scale of ``dtype`` per block of ``size``."""
         return dataclasses.replace(self, block=(BlockSize(size), ScaleDtype.coerce(dtype)))
 
@@ -83,20 +83,25 @@ class QuantScheme:
     @classmethod
     def nvfp4(cls) -> QuantScheme:
         """NVFP4: E2M1, block [16] UE4M3, per-tensor F32, PackedNative(0)."""
-        return cls(QuantValue.E2M1, QuantStore.packed_native(0), QuantMode.SYMMETRIC,
-                   ScaleDtype.F32, (BlockSize(16), ScaleDtype.UE4M3))
+        return cls(
+            QuantValue.E2M1,
+            QuantStore.packed_native(0),
+            QuantMode.SYMMETRIC,
+            ScaleDtype.F32,
+            (BlockSize(16), ScaleDtype.UE4M3),
+        )
 
     @classmethod
     def mxfp8(cls) -> QuantScheme:
         """OCP MXFP8: E4M3, block [32] UE8M0, Native."""
-        return cls(QuantValue.E4M3, QuantStore.native(), QuantMode.SYMMETRIC,
-                   None, (BlockSize(32), ScaleDtype.UE8M0))
+        return cls(QuantValue.E4M3, QuantStore.native(), QuantMode.SYMMETRIC, None, (BlockSize(32), ScaleDtype.UE8M0))
 
     @classmethod
     def mxfp4(cls) -> QuantScheme:
         """OCP MXFP4: E2M1, block [32] UE8M0, PackedNative(0)."""
-        return cls(QuantValue.E2M1, QuantStore.packed_native(0), QuantMode.SYMMETRIC,
-                   None, (BlockSize(32), ScaleDtype.UE8M0))
+        return cls(
+            QuantValue.E2M1, QuantStore.packed_native(0), QuantMode.SYMMETRIC, None, (BlockSize(32), ScaleDtype.UE8M0)
+        )
 
     # -- level resolution ---------------------------------------------------------------------
     @property
@@ -177,7 +182,11 @@ class QuantScheme:
         if tokens[0] in PRESETS:
             msg = f"preset {tokens[0]!r} takes no modifiers in {text!r}; build on QuantScheme.{tokens[0]}()"
             raise SchemeError(msg)
-        fields: dict[str, Any] = {"value": QuantValue.coerce(tokens[0])}
+        try:
+            fields: dict[str, Any] = {"value": QuantValue.coerce(tokens[0])}
+        except SchemeError as exc:
+            msg = f"{exc}; or a preset: {', '.join(map(repr, PRESETS))}"
+            raise SchemeError(msg) from None
         i = 1
         dtypes = {d.value for d in ScaleDtype}
 

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole check: install the test extras, lint, type-check, run every test.
+# Used by .ci/run; README's second command runs the same install and test suite.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+python -m pip install --quiet --disable-pip-version-check -e ".[test]" || exit 1
+# torch is an optional backend; this machine kind ships its CPU wheel locally, so the suite
+# covers it when that install succeeds and skips its cases otherwise.
+python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" \
+  || echo "torch 2.13.0 not installable here: torch backend cases will skip"
+
+ruff check . || exit 1
+ruff format --check . || exit 1
+mypy || exit 1
+
+python -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: treating as failure" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,303 @@
+"""The public surface: ``__all__`` is honest and every name of API.md exists and behaves as listed."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+import arrayquant as aq
+from arrayquant.backends.shim import to_host
+
+# ---------------------------------------------------------------------------------------------
+# __all__
+# ---------------------------------------------------------------------------------------------
+
+
+def _ruff_key(name: str) -> tuple[int, str]:
+    """RUF022's "isort-style" order: SCREAMING_CASE, then CamelCase, then the rest."""
+    if name.isupper() and len(name) > 1:
+        return (0, name)
+    if name[:1].isupper():
+        return (1, name)
+    return (2, name)
+
+
+def _modules() -> list[types.ModuleType]:
+    names = ["arrayquant"] + [m.name for m in pkgutil.walk_packages(aq.__path__, "arrayquant.")]
+    return [importlib.import_module(n) for n in names]
+
+
+def test_all_names_exist() -> None:
+    missing = [name for name in aq.__all__ if not hasattr(aq, name)]
+    assert not missing
+
+
+def test_all_is_unique_and_sorted() -> None:
+    assert len(aq.__all__) == len(set(aq.__all__))
+    assert aq.__all__ == sorted(aq.__all__) or aq.__all__ == sorted(aq.__all__, key=_ruff_key)
+
+
+def test_all_lists_every_public_class_and_function() -> None:
+    unlisted = []
+    for name, obj in vars(aq).items():
+        if name.startswith("_") or name in aq.__all__:
+            continue
+        if isinstance(obj, types.ModuleType):
+            assert obj.__name__.startswith("arrayquant."), f"aq.{name} is a foreign module {obj.__name__}"
+            continue
+        if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", "").startswith(
+            "arrayquant"
+        ):
+            unlisted.append(name)
+    assert not unlisted, f"public names missing from arrayquant.__all__: {unlisted}"
+
+
+def test_star_import_gives_all() -> None:
+    namespace: dict[str, Any] = {}
+    exec("from arrayquant import *", namespace)
+    assert set(aq.__all__) <= set(namespace)
+
+
+@pytest.mark.parametrize("module", _modules(), ids=lambda m: m.__name__)
+def test_every_module_all_is_honest(module: types.ModuleType) -> None:
+    names = getattr(module, "__all__", None)
+    assert names is not None, f"{module.__name__} has no __all__"
+    assert len(names) == len(set(names)), f"duplicates in {module.__name__}.__all__"
+    assert [n for n in names if not hasattr(module, n)] == []
+    assert names == sorted(names) or names == sorted(names, key=_ruff_key)
+    defined_here = [
+        n
+        for n, obj in vars(module).items()
+        if not n.startswith("_")
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+        and getattr(obj, "__module__", None) == module.__name__
+    ]
+    assert [n for n in defined_here if n not in names] == [], f"unlisted public names in {module.__name__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# API.md: the scheme model
+# ---------------------------------------------------------------------------------------------
+
+API_NAMES = [
+    "QuantValue", "QuantMode", "ScaleDtype", "QuantStore", "BlockSize", "QuantScheme", "Calibration",
+    "QParams", "NF4", "QuantizedTensor",
+    "compute_range", "compute_q_params", "quantize", "dequantize", "round_up_scales", "pack", "unpack",
+    "to_bytes", "from_bytes", "quantized_nbytes", "asarray", "backends",
+    "QuantizationError", "SchemeError", "ParamsError", "MissingGlobalScaleError", "UnexpectedGlobalScaleError",
+    "ShapeError", "NonFiniteInputError", "CorruptDataError", "DTypeError", "BackendUnavailableError", "DeviceError",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", API_NAMES)
+def test_api_name_exists_and_is_listed(name: str) -> None:
+    assert hasattr(aq, name), f"aq.{name} (API.md) is missing"
+    assert name in aq.__all__
+
+
+def test_quant_value() -> None:
+    assert [v.name for v in aq.QuantValue] == ["Q8F", "Q4F", "Q2F", "Q8S", "Q4S", "Q2S", "E4M3", "E5M2", "E2M1"]
+    bits = {"Q8F": 8, "Q4F": 4, "Q2F": 2, "Q8S": 8, "Q4S": 4, "Q2S": 2, "E4M3": 8, "E5M2": 8, "E2M1": 4}
+    ranges = {
+        "Q8F": (-128, 127), "Q4F": (-8, 7), "Q2F": (-2, 1), "Q8S": (-127, 127), "Q4S": (-7, 7), "Q2S": (-1, 1),
+        "E4M3": (-448.0, 448.0), "E5M2": (-57344.0, 57344.0), "E2M1": (-6.0, 6.0),
+    }  # fmt: skip
+    for v in aq.QuantValue:
+        assert v.bits == bits[v.name]
+        assert v.range == ranges[v.name]
+        assert v.is_float is v.name.startswith("E")
+    assert aq.QuantScheme().with_value("q8s").value is aq.QuantValue.Q8S
+    assert aq.QuantScheme().with_value("Q8S").value is aq.QuantValue.Q8S
+
+
+def test_quant_mode_and_calibration() -> None:
+    assert [m.name for m in aq.QuantMode] == ["SYMMETRIC", "LOOKUP"]
+    assert [c.name for c in aq.Calibration] == ["MINMAX", "ABSMEAN"]
+    assert aq.QuantScheme().with_mode("lookup").mode is aq.QuantMode.LOOKUP
+
+
+def test_scale_dtype() -> None:
+    assert [d.name for d in aq.ScaleDtype] == ["F32", "F16", "BF16", "UE4M3", "UE8M0"]
+    assert {d.name: d.nbytes for d in aq.ScaleDtype} == {"F32": 4, "F16": 2, "BF16": 2, "UE4M3": 1, "UE8M0": 1}
+    assert aq.ScaleDtype.F16.max == 65504.0
+    assert aq.ScaleDtype.UE4M3.max == 448.0
+    assert aq.ScaleDtype.UE8M0.max == 2.0**127
+    assert aq.ScaleDtype.BF16.max == float.fromhex("0x1.fep127")
+    assert aq.ScaleDtype.F16.round_up(1.0012) == 1.001953125
+    assert aq.ScaleDtype.UE4M3.round_up(0.3) == 0.3125
+    assert aq.ScaleDtype.coerce("ue4m3") is aq.ScaleDtype.UE4M3
+
+
+def test_quant_store() -> None:
+    native, u32, u32_1, pn = (
+        aq.QuantStore.native(),
+        aq.QuantStore.packed_u32(),
+        aq.QuantStore.packed_u32(dim=1),
+        aq.QuantStore.packed_native(dim=0),
+    )
+    assert (native.kind, native.dim) == ("native", 0)
+    assert (u32.kind, u32.dim) == ("packed_u32", 0)
+    assert (u32_1.kind, u32_1.dim) == ("packed_u32", 1)
+    assert (pn.kind, pn.dim) == ("packed_native", 0)
+    assert hash(u32) == hash(aq.QuantStore.packed_u32(0))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        u32.dim = 2  # type: ignore[misc]
+    s = aq.QuantScheme()
+    assert s.with_store("native").store == native
+    assert s.with_store("packed_u32").store == u32
+    assert s.with_store("packed_u32:1").store == u32_1
+    assert s.with_value("e2m1").with_store("packed_native").store == pn
+
+
+def test_block_size() -> None:
+    assert aq.BlockSize((1, 32)) == aq.BlockSize((32,))
+    assert hash(aq.BlockSize((1, 32))) == hash(aq.BlockSize(32))
+    assert aq.BlockSize(32).to_dims(2) == (1, 32)
+    assert aq.BlockSize((2, 32)).num_blocks((5, 64)) == (3, 2)
+
+
+def test_quant_scheme_builders_and_properties() -> None:
+    default = aq.QuantScheme()
+    assert default.value is aq.QuantValue.Q8F
+    assert default.store == aq.QuantStore.packed_u32(0)
+    assert default.mode is aq.QuantMode.SYMMETRIC
+    assert default.tensor_scale is aq.ScaleDtype.F32
+    assert default.block_scale is None
+    assert default.block_size is None
+    assert default.num_levels == 1
+    assert not default.is_two_level
+    assert hash(default) == hash(aq.QuantScheme())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.value = aq.QuantValue.Q8S  # type: ignore[misc]
+
+    a = aq.QuantScheme().with_value("q8s").per_tensor("f32").per_block([16], "ue4m3")
+    b = aq.QuantScheme().with_value("q8s").per_block([16], "ue4m3").per_tensor("f32")
+    assert a == b
+    assert a.is_two_level
+    assert a.num_levels == 2
+    assert a.scale_dtype is aq.ScaleDtype.UE4M3
+    assert a.block_scale is aq.ScaleDtype.UE4M3
+    assert a.tensor_scale is aq.ScaleDtype.F32
+    assert a.block_size == aq.BlockSize(16)
+
+
+def test_quant_scheme_presets_and_text() -> None:
+    nv = aq.QuantScheme.nvfp4()
+    assert (nv.value, nv.store, nv.block_size, nv.block_scale, nv.tensor_scale) == (
+        aq.QuantValue.E2M1, aq.QuantStore.packed_native(0), aq.BlockSize(16), aq.ScaleDtype.UE4M3, aq.ScaleDtype.F32,
+    )  # fmt: skip
+    mx8 = aq.QuantScheme.mxfp8()
+    assert (mx8.value, mx8.store, mx8.block_size, mx8.block_scale, mx8.is_two_level) == (
+        aq.QuantValue.E4M3, aq.QuantStore.native(), aq.BlockSize(32), aq.ScaleDtype.UE8M0, False,
+    )  # fmt: skip
+    mx4 = aq.QuantScheme.mxfp4()
+    assert (mx4.value, mx4.store, mx4.block_size, mx4.block_scale) == (
+        aq.QuantValue.E2M1, aq.QuantStore.packed_native(0), aq.BlockSize(32), aq.ScaleDtype.UE8M0,
+    )  # fmt: skip
+    assert str(nv) == "nvfp4"
+    for text in ["nvfp4", "mxfp8", "mxfp4", "q4s:block32:f16", "q8s:block16:ue4m3:tensor:f32:native", "q8f"]:
+        assert str(aq.QuantScheme.parse(text)) == text
+        assert aq.QuantScheme.parse(str(aq.QuantScheme.parse(text))) == aq.QuantScheme.parse(text)
+
+
+def test_qparams() -> None:
+    sig = inspect.signature(aq.QParams)
+    assert list(sig.parameters) == ["scales", "global_scale", "table"]
+    assert sig.parameters["global_scale"].default is None
+    assert sig.parameters["table"].default is None
+    p = aq.QParams(scales=np.ones(1, np.float32))
+    assert p.global_scale is None
+    assert p.table is None
+
+
+def test_nf4() -> None:
+    if not hasattr(aq, "NF4"):
+        pytest.fail("aq.NF4 (API.md: the 16-entry NF4 codebook) is missing")
+    raw = np.asarray(aq.NF4 if isinstance(aq.NF4, (list, tuple)) else to_host(aq.NF4), dtype=np.float64)
+    table = raw.astype(np.float32)
+    assert table.shape == (16,)
+    np.testing.assert_array_equal(table.astype(np.float64), raw)  # every entry is an f32 value
+    assert (np.diff(table) > 0).all()
+    assert table[0] == -1.0
+    assert table[-1] == 1.0
+    assert 0.0 in table
+
+
+# ---------------------------------------------------------------------------------------------
+# API.md: functions and the quantized tensor
+# ---------------------------------------------------------------------------------------------
+
+SIGNATURES = {
+    "compute_range": "(x, scheme, calibration='minmax')",
+    "compute_q_params": "(scheme, min, max)",
+    "quantize": (
+        "(x, scheme, params=None, *, calibration='minmax', table=None, rounding='half_even', check_finite=True)"
+    ),
+    "dequantize": "(qt, dtype=None)",
+    "round_up_scales": "(s, scale_dtype)",
+    "pack": "(codes, scheme)",
+    "unpack": "(values, scheme, shape)",
+    "to_bytes": "(qt)",
+    "from_bytes": "(buf, scheme, shape, *, backend=None, device=None)",
+    "quantized_nbytes": "(scheme, shape)",
+    "asarray": "(obj, *, backend=None, device=None)",
+}
+
+
+def _bare_signature(fn: Any) -> str:
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_function_signature(name: str) -> None:
+    assert hasattr(aq, name), f"aq.{name} (API.md) is missing"
+    fn = getattr(aq, name)
+    assert callable(fn)
+    assert _bare_signature(fn) == SIGNATURES[name]
+
+
+def test_quantized_tensor_attributes() -> None:
+    x = np.asarray([[0.5, -1.0, 0.25, 2.0]], np.float32)
+    qt = aq.quantize(x, "q8s:block2:f16")
+    assert isinstance(qt, aq.QuantizedTensor)
+    assert qt.scheme == aq.QuantScheme.parse("q8s:block2:f16")
+    assert qt.shape == (1, 4)
+    assert qt.dtype == np.float32
+    assert qt.device == "cpu"
+    assert qt.values.dtype == np.uint32
+    assert qt.scales.shape == (1, 2)
+    assert qt.scales.dtype == np.float32
+    assert qt.global_scale is None
+    assert qt.table is None
+    assert qt.codes().dtype == np.int8
+    assert qt.nbytes == aq.quantized_nbytes(qt.scheme, qt.shape)
+    assert callable(qt.to_device)
+    assert callable(qt.to_backend)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        qt.values = None  # type: ignore[misc]
+    if hasattr(aq, "to_bytes"):
+        assert len(aq.to_bytes(qt)) == qt.nbytes
+
+
+def test_backends_namespace() -> None:
+    for name in ["available", "get", "default"]:
+        assert callable(getattr(aq.backends, name))
+    infos = aq.backends.available()
+    assert [i.name for i in infos] == ["numpy", "cupy", "torch", "jax", "dask", "array_api_strict"]
+    for info in infos:
+        for field in ["name", "installed", "usable", "devices", "reason"]:
+            assert hasattr(info, field)
+    numpy_info = aq.backends.get("numpy")
+    assert numpy_info.usable
+    assert numpy_info.installed
+    assert "cpu" in numpy_info.devices
+    assert aq.backends.default().usable

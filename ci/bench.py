@@ -15,6 +15,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"  # one core; OPENBLAS_CORETYPE is left as the environment sets it
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -79,8 +80,8 @@ class Result:
     times_s: list[float]
     gbps_median: float
     gbps_best: float
-    vs_copy: float = float("nan")
-    vs_numpy: float = float("nan")
+    vs_copy: float = 0.0
+    vs_numpy: float | None = None
     extra_mib: float | None = None
 
 
@@ -156,8 +157,8 @@ def run(size: int, repeat: int) -> list[Result]:
     for scheme in AQ_SCHEMES:
         qt = aq.quantize(x, scheme)
         _verify(scheme, qt, (codes_t, np.asarray([scale_t])) if ":block" not in scheme else (codes_b, scales_b))
-        add(scheme, "quantize", lambda s=scheme: aq.quantize(x, s), qt_bytes)
-        add(scheme, "dequantize", lambda q=qt: aq.dequantize(q), lambda y: y.nbytes)
+        add(scheme, "quantize", functools.partial(aq.quantize, x, scheme), qt_bytes)
+        add(scheme, "dequantize", functools.partial(aq.dequantize, qt), lambda y: y.nbytes)
         del qt
 
     copy = results[0].gbps_median
@@ -213,7 +214,7 @@ def report(size: int, repeat: int, results: list[Result]) -> str:
     rows = [cols, "-" * len(cols)]
     for r in results:
         mem = "" if r.extra_mib is None else f"{r.extra_mib:.1f}"
-        vs_np = "" if np.isnan(r.vs_numpy) else f"{r.vs_numpy:.2f}"
+        vs_np = "" if r.vs_numpy is None else f"{r.vs_numpy:.2f}"
         rows.append(
             f"{r.case:<24} {r.op:<10} {r.gbps_median:8.2f} {r.gbps_best:8.2f} {r.vs_copy:7.2f} {vs_np:>8} {mem:>10}"
         )

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CHUNK_ELEMENTS", "Chunk", "assemble", "row_chunks"]
+__all__ = ["CHUNK_ELEMENTS", "Chunk", "Sink", "row_chunks"]
 
 CHUNK_ELEMENTS = 1 << 17  # 512 KiB of f32 per slab: temporaries stay in cache
 
@@ -44,11 +44,26 @@ def row_chunks(
     return out
 
 
-def assemble(parts: list[tuple[slice, Any]], shape: tuple[int, ...], dtype: Any, xp: Any, device: Any) -> Any:
-    """Write row slabs into one preallocated array (or return the only slab)."""
-    if len(parts) == 1:
-        return parts[0][1]
-    out = xp.empty(shape, dtype=dtype, device=device)
-    for rows, part in parts:
-        out[rows, ...] = part
-    return out
+class Sink:
+    """Where row slabs of one result go: straight into a preallocated array as they are made.
+
+    With a single chunk (lazy or immutable backends) the slab itself is the result, so nothing is
+    allocated or copied; otherwise each slab is written and dropped at once, keeping the working
+    set to one slab.
+    """
+
+    def __init__(self, n_parts: int, shape: tuple[int, ...], dtype: Any, xp: Any, device: Any) -> None:
+        self._out = xp.empty(shape, dtype=dtype, device=device) if n_parts > 1 else None
+        self._only: Any = None
+
+    def put(self, rows: slice, part: Any) -> None:
+        """Store the slab for ``rows`` of the result."""
+        if self._out is None:
+            self._only = part
+        else:
+            self._out[rows, ...] = part
+
+    @property
+    def result(self) -> Any:
+        """The assembled array."""
+        return self._only if self._out is None else self._out

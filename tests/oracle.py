@@ -7,7 +7,6 @@ arrayquant's kernels: the library is checked against it, codes and stored scales
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import ml_dtypes

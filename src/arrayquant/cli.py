@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from .errors import BackendUnavailableError, DeviceError, QuantizationError
 from .invariants import plan_for, require_kernel
 from .quantize import quantize
 from .scheme import QuantScheme
+from .tensor import QuantizedTensor
 
 __all__ = ["DEMO_SCHEMES", "demo_data", "main"]
 
@@ -41,13 +43,21 @@ def demo_data(rows: int = 1024, cols: int = 1024, seed: int = 0) -> np.ndarray:
     return x
 
 
-def _best_seconds(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+def _best_seconds(fn: Callable[[], object], repeat: int) -> float:
     best = math.inf
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _quantize_values(x: object, text: str) -> object:
+    return shim.to_host(quantize(x, text).values)  # to_host waits for asynchronous devices
+
+
+def _dequantize_host(qt: QuantizedTensor) -> object:
+    return shim.to_host(dequantize(qt))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -59,7 +69,9 @@ def _demo(args: argparse.Namespace) -> int:
     gb = host.nbytes / 1e9
     print(f"arrayquant {__version__} demo: {host.shape[0]}x{host.shape[1]} float32 ({host.nbytes / 2**20:.1f} MiB) ")
     print(f"backend {backend}, device {shim.native_device(backend, args.device) or 'default'}\n")
-    header = f"{'scheme':<30} {'bits/value':>10} {'SQNR dB':>8} {'max |err|':>10} {'quant GB/s':>10} {'dequant GB/s':>12}"
+    header = (
+        f"{'scheme':<30} {'bits/value':>10} {'SQNR dB':>8} {'max |err|':>10} {'quant GB/s':>10} {'dequant GB/s':>12}"
+    )
     print(header)
     print("-" * len(header))
     signal = float(np.sum(host.astype(np.float64) ** 2))
@@ -69,8 +81,8 @@ def _demo(args: argparse.Namespace) -> int:
         err = y - host
         noise = float(np.sum(err**2))
         sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
-        tq = _best_seconds(lambda t=text: shim.to_host(quantize(x, t).values), args.repeat)
-        td = _best_seconds(lambda q=qt: shim.to_host(dequantize(q)), args.repeat)
+        tq = _best_seconds(functools.partial(_quantize_values, x, text), args.repeat)
+        td = _best_seconds(functools.partial(_dequantize_host, qt), args.repeat)
         bits = 8 * qt.nbytes / host.size
         print(f"{text:<30} {bits:>10.3f} {sqnr:>8.2f} {np.abs(err).max():>10.2e} {gb / tq:>10.2f} {gb / td:>12.2f}")
     print("\nbits/value counts stored values, scales and the per-tensor scale (Burn byte layout).")
@@ -86,7 +98,9 @@ def _backends(_: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arrayquant", description="Burn's tensor quantization on any Array API backend")
+    parser = argparse.ArgumentParser(
+        prog="arrayquant", description="Burn's tensor quantization on any Array API backend"
+    )
     parser.add_argument("--version", action="version", version=f"arrayquant {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -275,3 +275,27 @@ def test_jax_jit() -> None:
     np.testing.assert_array_equal(np.asarray(values), oracle.pack_u32(codes, 4, 0))
     np.testing.assert_array_equal(np.asarray(scales), stored)
     np.testing.assert_array_equal(np.asarray(y), oracle.dequantize(codes, stored, glob, case))
+
+
+@pytest.mark.parametrize("case", CASES[::5] + [Case("q2f", (3, 7), "f16", True, "packed_u32", 1)], ids=lambda c: c.text)
+def test_row_slabs_match_oracle(xp, case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny slabs: many chunks, partial last slab, words and blocks aligned across slab edges."""
+    import arrayquant.chunks
+
+    monkeypatch.setattr(arrayquant.chunks, "CHUNK_ELEMENTS", 150)
+    x = weights((37, 70), seed=11)
+    check(aq.quantize(xp.asarray(x), case.text), x, case)
+    _, stored, glob = oracle.quantize(x, case)
+    params = aq.QParams(scales=xp.asarray(stored), global_scale=None if glob is None else xp.asarray(glob))
+    check(aq.quantize(xp.asarray(x), case.text, params), x, case)
+
+
+def test_row_slabs_report_the_first_nonfinite_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    import arrayquant.chunks
+
+    monkeypatch.setattr(arrayquant.chunks, "CHUNK_ELEMENTS", 64)
+    x = weights((40, 32), seed=12)
+    x[29, 3] = np.inf
+    x[35, 0] = np.nan
+    with pytest.raises(aq.NonFiniteInputError, match=r"2 non-finite element\(s\) \(first at index \(29, 3\): inf\)"):
+        aq.quantize(x, "q8s:block16:f16")

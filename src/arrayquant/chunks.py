@@ -1,8 +1,9 @@
 """Row chunks for eager backends: bounded temporaries, and caches that stay warm.
 
-Eager, writeable arrays are processed a slab of rows at a time into preallocated outputs, so the
-working set beyond input and output stays a few MiB whatever the tensor size. Lazy or immutable
-arrays (dask, jax) get one chunk: their own engines fuse and schedule the work.
+Eager, writeable host arrays are processed a slab of rows at a time into preallocated outputs, so
+the working set beyond input and output stays a few MiB whatever the tensor size. Lazy or
+immutable arrays (dask, jax) and GPU arrays get one chunk: their own engines fuse and schedule
+the work, and slabs would only multiply kernel launches.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -125,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.schemes = list(DEMO_SCHEMES)
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # output piped into a pager or `head` that closed early
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter's final flush quiet
+        return 0
     except (QuantizationError, BackendUnavailableError, DeviceError) as exc:
         if args.debug:
             raise

@@ -45,7 +45,7 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     axis = plan.packed_axis(rank)
     per_word = (32 if plan.store_kind == "packed_u32" else 8) // plan.bits
     n_axis = shape[axis] if axis is not None else 0
-    chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, shim.writeable(qt.values))
+    chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, shim.slab_friendly(qt.values))
     with shim.quiet(xp):
         eff = effective_scale(xp.astype(qt.scales, xp.float32, copy=False), qt.global_scale, plan, xp=xp)
         out = Sink(len(chunks), shape, out_dtype, xp, device)

@@ -168,7 +168,7 @@ def _quantize(
     dims = plan.block_dims(rank)
     axis = plan.packed_axis(rank)
     per_word = (32 if plan.store_kind == "packed_u32" else 8) // plan.bits
-    chunked = shim.writeable(x)
+    chunked = shim.slab_friendly(x)
     chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, chunked)
     scrub = not (finite_checked and readable)
     grid = plan.grid_shape(shape)

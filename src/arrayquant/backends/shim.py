@@ -8,6 +8,7 @@ warnings, writeability, and the lazy finiteness guard of dask.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "kernel_namespace",
     "native_device",
     "quiet",
+    "slab_friendly",
     "to_host",
     "words_to_bytes",
     "writeable",
@@ -141,6 +143,17 @@ def writeable(x: Any) -> bool:
     return compat.is_writeable_array(x) and not compat.is_lazy_array(x)
 
 
+def slab_friendly(x: Any) -> bool:
+    """Whether row slabs pay for ``x``: eager, writeable host memory.
+
+    Slabs keep temporaries in CPU caches and bound the working set; on a GPU they would only
+    multiply kernel launches (and per-slab synchronisations), so device arrays get one chunk.
+    """
+    if not writeable(x) or compat.is_cupy_array(x):
+        return False
+    return not compat.is_torch_array(x) or x.device.type == "cpu"
+
+
 @contextlib.contextmanager
 def quiet(xp: Any) -> Iterator[None]:
     """Silence floating-point warnings (inf/inf, 0*inf) that the kernels handle on purpose."""
@@ -215,12 +228,17 @@ def _move_back(x: Any, axis: int, xp: Any) -> Any:
 def _viewer(x: Any) -> Any:
     """A function reinterpreting the last axis of a contiguous copy as another dtype, if any."""
     if compat.is_numpy_array(x) or compat.is_cupy_array(x):
-        lib = np if compat.is_numpy_array(x) else __import__("cupy")
+        lib = np if compat.is_numpy_array(x) else importlib.import_module("cupy")
         return lambda a, name: lib.ascontiguousarray(a).view(getattr(lib, name))
     if compat.is_torch_array(x):
         import torch
 
-        return lambda a, name: a.contiguous().view(getattr(torch, name))
+        def view(a: Any, name: str) -> Any:
+            if a.stride(-1) != 1:  # torch calls a size-1 last axis contiguous whatever its stride
+                a = torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a)
+            return a.contiguous().view(getattr(torch, name))
+
+        return view
     return None
 
 

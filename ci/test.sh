@@ -9,6 +9,9 @@ python -m pip install --quiet --disable-pip-version-check -e ".[test]" || exit 1
 # covers it when that install succeeds and skips its cases otherwise.
 python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" \
   || echo "torch 2.13.0 not installable here: torch backend cases will skip"
+# jax (CPU) runs the suite through XLA, including the jax.jit conformance test
+python -m pip install --quiet --disable-pip-version-check "jax==0.10.2" \
+  || echo "jax 0.10.2 not installable here: jax backend cases will skip"
 
 ruff check . || exit 1
 ruff format --check . || exit 1

@@ -4,7 +4,10 @@ Run ``python ci/bench.py`` (``--help`` for options). Throughput is GB/s of f32 i
 over seconds, 1 GB = 1e9 bytes), median and best of ``--repeat`` runs, single-threaded. The
 references, measured in the same run: ``numpy.copyto`` of the same bytes (memory bandwidth) and
 the obvious NumPy form of int8 symmetric quantization (per tensor, and per block of 32 with F16
-scales). Targets are informational: the script exits 0 whether they pass or not.
+scales), and for the float presets (nvfp4, mxfp4, mxfp8) the obvious NumPy + ml_dtypes form: per
+block, amax, a scale rounded up onto the scale grid the simple way, divide, clip, ``astype`` to the
+ml_dtypes minifloat (4-bit codes left one per byte, unpacked). Targets are informational: the script
+exits 0 whether they pass or not.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 import arrayquant as aq  # noqa: E402
@@ -34,8 +38,12 @@ BLOCK = 32
 MIB = 1 << 20
 AQ_SCHEMES = ("q8s:native", "q8s", "q8s:block32:f16:native", "q8s:block32:f16", "q4s:block32:f16")
 INT8_BLOCK_SCHEMES = ("q8s:block32:f16:native", "q8s:block32:f16")
+FLOAT_PRESETS = ("nvfp4", "mxfp4", "mxfp8")
+FLOAT_BASELINE = "numpy+ml_dtypes "  # + preset: the case name of its NumPy + ml_dtypes form
 TARGET_QUANTIZE_GBPS = 1.0  # per-block int8, one core
 TARGET_DEQUANTIZE_GBPS = 2.0
+TARGET_NVFP4_QUANTIZE_GBPS = 0.5  # nvfp4, one core
+TARGET_NVFP4_DEQUANTIZE_GBPS = 1.5
 TARGET_EXTRA_MIB = 64.0  # working set beyond input and output, for the 8192 x 8192 input
 
 
@@ -67,6 +75,50 @@ def np_quantize_block(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def np_dequantize_block(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     cb = codes.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK, BLOCK)
+    return (cb.astype(np.float32) * scales[..., None]).reshape(codes.shape)
+
+
+# --- the obvious NumPy + ml_dtypes forms of the float presets ---------------------------------
+
+
+@dataclass(frozen=True)
+class FloatForm:
+    block: int
+    value: Any  # the ml_dtypes minifloat of the codes
+    max: float  # its largest finite magnitude
+    ue4m3: bool  # UE4M3 block scales under an f32 per-tensor scale (nvfp4), else UE8M0
+
+
+FLOAT_FORMS = {
+    "nvfp4": FloatForm(16, ml_dtypes.float4_e2m1fn, 6.0, ue4m3=True),
+    "mxfp4": FloatForm(32, ml_dtypes.float4_e2m1fn, 6.0, ue4m3=False),
+    "mxfp8": FloatForm(32, ml_dtypes.float8_e4m3fn, 448.0, ue4m3=False),
+}
+
+
+def ue4m3_round_up(s: np.ndarray) -> np.ndarray:
+    """``s`` (at most 448) rounded up onto the UE4M3 grid, as f32: cast, then step up where it went below."""
+    h = np.minimum(s, np.float32(448)).astype(ml_dtypes.float8_e4m3fn)
+    bits = h.view(np.uint8)
+    h = np.where(h.astype(np.float32) < s, (bits + np.uint8(1)).view(ml_dtypes.float8_e4m3fn), h)
+    return h.astype(np.float32)
+
+
+def np_quantize_float(x: np.ndarray, form: FloatForm) -> tuple[np.ndarray, np.ndarray]:
+    """Minifloat codes (ml_dtypes, one per element) and the f32 effective scale per block."""
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // form.block, form.block)
+    s = np.abs(xb).max(axis=-1) / np.float32(form.max)
+    if form.ue4m3:
+        g = np.float32(s.max() / np.float32(448))
+        scales = ue4m3_round_up(s / g) * g
+    else:
+        scales = np.exp2(np.ceil(np.log2(s)))  # UE8M0: the next power of two
+    y = np.clip(xb / scales[..., None], -form.max, form.max)
+    return y.astype(form.value).reshape(x.shape), scales
+
+
+def np_dequantize_float(codes: np.ndarray, scales: np.ndarray, form: FloatForm) -> np.ndarray:
+    cb = codes.reshape(*codes.shape[:-1], codes.shape[-1] // form.block, form.block)
     return (cb.astype(np.float32) * scales[..., None]).reshape(codes.shape)
 
 
@@ -161,6 +213,19 @@ def run(size: int, repeat: int) -> list[Result]:
         add(scheme, "dequantize", functools.partial(aq.dequantize, qt), lambda y: y.nbytes)
         del qt
 
+    for preset in FLOAT_PRESETS:
+        form = FLOAT_FORMS[preset]
+        codes_f, scales_f = np_quantize_float(x, form)
+        baseline = FLOAT_BASELINE + preset
+        add(baseline, "quantize", functools.partial(np_quantize_float, x, form), pair_bytes)
+        add(baseline, "dequantize", functools.partial(np_dequantize_float, codes_f, scales_f, form), lambda y: y.nbytes)
+        del codes_f, scales_f
+        qt = aq.quantize(x, preset)
+        _verify_float(preset, qt, x)
+        add(preset, "quantize", functools.partial(aq.quantize, x, preset), qt_bytes)
+        add(preset, "dequantize", functools.partial(aq.dequantize, qt), lambda y: y.nbytes)
+        del qt
+
     copy = results[0].gbps_median
     for r in results:
         r.vs_copy = r.gbps_median / copy
@@ -174,6 +239,8 @@ def run(size: int, repeat: int) -> list[Result]:
 def _numpy_reference(case: str) -> str | None:
     if case.startswith("numpy"):
         return None
+    if case in FLOAT_PRESETS:
+        return FLOAT_BASELINE + case
     return "numpy block32 f16" if ":block" in case else "numpy per-tensor"
 
 
@@ -184,6 +251,18 @@ def _verify(scheme: str, qt: aq.QuantizedTensor, ref: tuple[np.ndarray, np.ndarr
     codes = np.asarray(qt.codes())
     assert np.array_equal(codes, ref[0]), f"{scheme}: codes differ from the NumPy form"
     assert np.array_equal(np.asarray(qt.scales), ref[1]), f"{scheme}: scales differ from the NumPy form"
+
+
+def _verify_float(preset: str, qt: aq.QuantizedTensor, x: np.ndarray) -> None:
+    """mxfp8 codes equal ml_dtypes' E4M3 cast of ``clip(x / eff)`` over the stored scales, bit for bit."""
+    if preset != "mxfp8":
+        return  # the 4-bit presets: timed, not checked here
+    form = FLOAT_FORMS[preset]
+    eff = np.repeat(np.asarray(qt.scales), form.block, axis=-1)
+    ref = np.clip(x / eff, -form.max, form.max).astype(form.value).view(np.uint8)
+    codes = np.asarray(qt.codes())
+    assert codes.dtype == np.uint8, f"{preset}: codes are {codes.dtype}, not uint8"
+    assert np.array_equal(codes, ref), f"{preset}: codes differ from ml_dtypes' float8_e4m3fn cast"
 
 
 # --- report -----------------------------------------------------------------------------------
@@ -198,6 +277,10 @@ def targets(results: list[Result]) -> list[str]:
     for r in results:
         if r.case in INT8_BLOCK_SCHEMES:
             goal = TARGET_QUANTIZE_GBPS if r.op == "quantize" else TARGET_DEQUANTIZE_GBPS
+            ok = r.gbps_median >= goal
+            lines.append(f"{r.case:<24} {r.op:<10} {r.gbps_median:6.2f} GB/s median >= {goal:.1f}  {verdict(ok)}")
+        if r.case == "nvfp4":
+            goal = TARGET_NVFP4_QUANTIZE_GBPS if r.op == "quantize" else TARGET_NVFP4_DEQUANTIZE_GBPS
             ok = r.gbps_median >= goal
             lines.append(f"{r.case:<24} {r.op:<10} {r.gbps_median:6.2f} GB/s median >= {goal:.1f}  {verdict(ok)}")
         if ":block" in r.case and r.extra_mib is not None:
@@ -220,7 +303,8 @@ def report(size: int, repeat: int, results: list[Result]) -> str:
         )
     notes = [
         "GB/s of f32 input (1e9 bytes/s); ratios use medians; 'x numpy' compares with the obvious NumPy form",
-        "(block cases, q4s included, against the int8 block32 form); extra MiB = tracemalloc peak - output.",
+        "(block cases, q4s included, against the int8 block32 form; float presets against their NumPy +",
+        "ml_dtypes form, whose 4-bit codes stay one per byte); extra MiB = tracemalloc peak - output.",
         "targets (informational, stated for 8192x8192 on one core; judged on the median):",
     ]
     return "\n".join([*head, "", *rows, "", *notes, *targets(results)])

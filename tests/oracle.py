@@ -22,6 +22,11 @@ VALUES = {  # name: (bits, a, b)
     "q4s": (4, -7, 7),
     "q2s": (2, -1, 1),
 }
+FLOATS = {  # name: (bits, ml_dtypes type, max)
+    "e4m3": (8, ml_dtypes.float8_e4m3fn, 448.0),
+    "e5m2": (8, ml_dtypes.float8_e5m2, 57344.0),
+    "e2m1": (4, ml_dtypes.float4_e2m1fn, 6.0),
+}
 SCALE_MAX = {"f16": 65504.0, "bf16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), "ue4m3": 448.0, "ue8m0": 2.0**127}
 
 
@@ -90,10 +95,30 @@ def _blocks(shape: tuple[int, ...], block: tuple[int, ...]) -> list[tuple[tuple[
     ]
 
 
-def quantize(x: np.ndarray, case: Case, rounding: str = "half_even"):
-    """Codes (int8), stored scales (f32 grid) and the global (f32 (1,) or None)."""
+def float_codes(y: np.ndarray, value: str) -> np.ndarray:
+    """ml_dtypes' codes of ``y`` after clipping to ±max; NaN is code 0 for E2M1 (no NaN there)."""
+    _, kind, top = FLOATS[value]
+    with np.errstate(all="ignore"):
+        codes = np.clip(y.astype(np.float32), -top, top).astype(kind).view(np.uint8)
+    return np.where(np.isnan(y), 0, codes).astype(np.uint8) if value == "e2m1" else codes
+
+
+def float_values(codes: np.ndarray, value: str) -> np.ndarray:
+    return codes.astype(np.uint8).view(FLOATS[value][1]).astype(np.float32)
+
+
+def value_range(value: str) -> tuple[int, float, float]:
+    if value in FLOATS:
+        bits, _, top = FLOATS[value]
+        return bits, -top, top
+    return VALUES[value]
+
+
+def quantize(x: np.ndarray, case: Case, rounding: str = "half_even", table: np.ndarray | None = None):
+    """Codes (int8, or uint8 for float values), stored scales (f32 grid) and the global."""
     x = np.asarray(x, dtype=np.float32)
-    _bits, a, b = VALUES[case.value]
+    bits, a, b = value_range(case.value)
+    is_float = case.value in FLOATS
     span = np.float32(b - a)
     if case.block is None:
         alpha = np.maximum(np.abs(x.min()), np.abs(x.max())).reshape(1)
@@ -104,7 +129,7 @@ def quantize(x: np.ndarray, case: Case, rounding: str = "half_even"):
         alpha = np.zeros(grid, dtype=np.float32)
         for idx, sl in regions:
             alpha[idx] = max(abs(x[sl].min()), abs(x[sl].max()))
-    s = (alpha * np.float32(2)) / span
+    s = (alpha * np.float32(2)) / span if table is None else alpha / np.float32(np.abs(table).max())
     glob = None
     if case.two_level:
         g = np.float32(s.max()) / np.float32(SCALE_MAX[case.scale])
@@ -113,12 +138,20 @@ def quantize(x: np.ndarray, case: Case, rounding: str = "half_even"):
         glob = np.array([g], dtype=np.float32)
     stored = round_up(s, case.scale)
     eff = stored if glob is None else (glob[0] * stored).astype(np.float32)
-    codes = np.zeros(x.shape, dtype=np.int8)
+    codes = np.zeros(x.shape, dtype=np.uint8 if is_float else np.int8)
     for idx, sl in regions:
         e = eff.reshape(-1)[0] if case.block is None else eff[idx]
         if e == 0:
             continue  # zero-scale rule: codes stay 0
         y = x[sl] / e
+        if table is not None:  # nearest entry, first (lowest) index on ties, stored as a signed field
+            idx = np.argmin(np.abs(y[..., None] - table), axis=-1).astype(np.int16)
+            half = 1 << (bits - 1)
+            codes[sl] = ((idx ^ half) - half).astype(np.int8)
+            continue
+        if is_float:
+            codes[sl] = float_codes(y, case.value)
+            continue
         if rounding == "half_even":
             r = np.round(y)
         else:  # Rust f32::round, computed exactly in f64
@@ -128,7 +161,9 @@ def quantize(x: np.ndarray, case: Case, rounding: str = "half_even"):
     return codes, stored, glob
 
 
-def dequantize(codes: np.ndarray, stored: np.ndarray, glob: np.ndarray | None, case: Case) -> np.ndarray:
+def dequantize(
+    codes: np.ndarray, stored: np.ndarray, glob: np.ndarray | None, case: Case, table: np.ndarray | None = None
+) -> np.ndarray:
     """``eff * code`` in f32, element by element from the block map."""
     eff = stored if glob is None else (glob[0] * stored).astype(np.float32)
     out = np.zeros(codes.shape, dtype=np.float32)
@@ -137,7 +172,13 @@ def dequantize(codes: np.ndarray, stored: np.ndarray, glob: np.ndarray | None, c
     )
     for idx, sl in regions:
         e = eff.reshape(-1)[0] if case.block is None else eff[idx]
-        out[sl] = codes[sl].astype(np.float32) * e
+        if table is not None:
+            q = table[codes[sl].astype(np.int64) & ((1 << value_range(case.value)[0]) - 1)]
+        elif case.value in FLOATS:
+            q = float_values(codes[sl], case.value)
+        else:
+            q = codes[sl].astype(np.float32)
+        out[sl] = q * e
     return out
 
 
@@ -151,3 +192,12 @@ def pack_u32(codes: np.ndarray, bits: int, dim: int) -> np.ndarray:
     for i in range(n):
         words[..., i // per_word] |= moved[..., i].astype(np.uint64) << np.uint64((i % per_word) * bits)
     return np.moveaxis(words.astype(np.uint32), -1, axis)
+
+
+def pack_native(codes: np.ndarray, dim: int) -> np.ndarray:
+    """PackedNative bytes along axis ``rank - 1 - dim``: element 2k low nibble, 2k+1 high."""
+    axis = codes.ndim - 1 - dim
+    moved = np.moveaxis(codes.astype(np.uint8) & 0xF, axis, -1)
+    if moved.shape[-1] % 2:
+        moved = np.concatenate([moved, np.zeros(moved.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return np.moveaxis(moved[..., 0::2] | (moved[..., 1::2] << 4), -1, axis)

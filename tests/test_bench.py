@@ -16,6 +16,12 @@ CASES = (
     "q8s:block32:f16:native",
     "q8s:block32:f16",
     "q4s:block32:f16",
+    "numpy+ml_dtypes nvfp4",
+    "numpy+ml_dtypes mxfp4",
+    "numpy+ml_dtypes mxfp8",
+    "nvfp4",
+    "mxfp4",
+    "mxfp8",
 )
 
 
@@ -31,3 +37,10 @@ def test_bench_runs_small(tmp_path: Path) -> None:
     cases = {(r["case"], r["op"]) for r in doc["results"]}
     assert ("q8s", "quantize") in cases
     assert ("q4s:block32:f16", "dequantize") in cases
+    for preset in ("nvfp4", "mxfp4", "mxfp8"):
+        for op in ("quantize", "dequantize"):
+            assert (preset, op) in cases
+            assert (f"numpy+ml_dtypes {preset}", op) in cases
+    ratios = {r["case"]: r["vs_numpy"] for r in doc["results"] if r["op"] == "quantize"}
+    assert all(ratios[p] is not None and ratios[p] > 0 for p in ("nvfp4", "mxfp4", "mxfp8"))
+    assert "nvfp4                    quantize" in proc.stdout.split("targets")[-1]

@@ -25,9 +25,9 @@ LEVELS = [
 STORES = [("native", 0), ("packed_u32", 0), ("packed_u32", 1)]
 CASES = [
     Case(value, block, scale, two, store, dim)
-    for value in oracle.VALUES
+    for value in (*oracle.VALUES, *oracle.FLOATS)
     for block, scale, two in LEVELS
-    for store, dim in STORES
+    for store, dim in STORES + ([("packed_native", 0), ("packed_native", 1)] if value == "e2m1" else [])
 ]
 
 
@@ -52,11 +52,14 @@ def check(qt: aq.QuantizedTensor, x: np.ndarray, case: Case, rounding: str = "ha
         assert qt.global_scale is None
     else:
         np.testing.assert_array_equal(to_host(qt.global_scale), glob)
-    bits = oracle.VALUES[case.value][0]
+    bits = oracle.value_range(case.value)[0]
     values = to_host(qt.values)
     if case.store == "native":
         np.testing.assert_array_equal(values, codes)
-        assert values.dtype == np.int8
+        assert values.dtype == (np.uint8 if case.value in oracle.FLOATS else np.int8)
+    elif case.store == "packed_native":
+        np.testing.assert_array_equal(values, oracle.pack_native(codes, case.dim))
+        assert values.dtype == np.uint8
     else:
         np.testing.assert_array_equal(values, oracle.pack_u32(codes, bits, case.dim))
         assert values.dtype == np.uint32
@@ -299,3 +302,34 @@ def test_row_slabs_report_the_first_nonfinite_index(monkeypatch: pytest.MonkeyPa
     x[35, 0] = np.nan
     with pytest.raises(aq.NonFiniteInputError, match=r"2 non-finite element\(s\) \(first at index \(29, 3\): inf\)"):
         aq.quantize(x, "q8s:block16:f16")
+
+
+LOOKUP_CASES = [
+    (Case("q4f", (16,), "f16"), "nf4"),
+    (Case("q4s", None, "f32"), "nf4"),
+    (Case("q2f", (8,), "bf16", False, "packed_u32", 1), "ternary"),
+    (Case("q8f", (32,), "ue4m3", True, "packed_u32", 0), "dense"),
+]
+
+
+def lookup_table(name: str) -> np.ndarray:
+    if name == "nf4":
+        return np.asarray(aq.NF4, np.float32)
+    if name == "ternary":
+        return np.array([-1.0, 0.0, 0.0, 1.0], np.float32)  # a repeated entry: ties go to index 1
+    return np.sort(np.random.default_rng(3).standard_normal(256).astype(np.float32))
+
+
+@pytest.mark.parametrize(("case", "table_name"), LOOKUP_CASES, ids=lambda c: getattr(c, "text", c))
+def test_lookup_matches_oracle(xp, case: Case, table_name: str) -> None:
+    x = weights((13, 70), seed=13)
+    table = lookup_table(table_name)
+    scheme = case.text + ":lookup"
+    qt = aq.quantize(xp.asarray(x), scheme, table=xp.asarray(table))
+    codes, stored, glob = oracle.quantize(x, case, table=table)
+    np.testing.assert_array_equal(to_host(qt.codes()), codes)
+    np.testing.assert_array_equal(to_host(qt.scales), stored)
+    np.testing.assert_array_equal(to_host(aq.dequantize(qt)), oracle.dequantize(codes, stored, glob, case, table))
+    params = aq.compute_q_params(scheme, *aq.compute_range(xp.asarray(x), scheme), table=xp.asarray(table))
+    again = aq.quantize(xp.asarray(x), scheme, params)
+    np.testing.assert_array_equal(to_host(again.codes()), codes)

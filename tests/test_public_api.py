@@ -236,7 +236,7 @@ def test_nf4() -> None:
 
 SIGNATURES = {
     "compute_range": "(x, scheme, calibration='minmax')",
-    "compute_q_params": "(scheme, min, max)",
+    "compute_q_params": "(scheme, min, max, *, table=None)",
     "quantize": (
         "(x, scheme, params=None, *, calibration='minmax', table=None, rounding='half_even', check_finite=True)"
     ),

@@ -9,9 +9,19 @@ import array_api_compat as compat
 from .backends import shim
 from .chunks import Sink, row_chunks
 from .errors import DTypeError, ParamsError
-from .invariants import check_same_place, namespace_of, plan_for, require_kernel
-from .kernels import as_blocks, dequantize_int, effective_scale, from_blocks, grid_as_blocks, pad_to_blocks
-from .storage import _check_values, unpack_values
+from .invariants import check_params, check_shape, is_real_float, namespace_of, plan_for
+from .kernels import (
+    as_blocks,
+    dequantize_float,
+    dequantize_int,
+    dequantize_lookup,
+    effective_scale,
+    from_blocks,
+    grid_as_blocks,
+    pad_to_blocks,
+)
+from .scheme import QParams
+from .storage import check_values, unpack_values
 from .tensor import QuantizedTensor
 
 __all__ = ["dequantize"]
@@ -30,34 +40,40 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
         msg = f"qt must be an aq.QuantizedTensor from aq.quantize, got {type(qt).__name__}"
         raise ParamsError(msg)
     plan = plan_for(qt.scheme)
-    require_kernel(plan)
     xp = namespace_of(qt.values, "qt.values")
     device = compat.device(qt.values)
-    check_same_place(xp, device, scales=qt.scales, global_scale=qt.global_scale)
+    shape = check_shape(qt.shape, "qt.shape")
+    stored = QParams(qt.scales, qt.global_scale, qt.table)
+    scales, glob, tab = check_params(stored, plan, shape, xp, device, what="qt")
     out_dtype = qt.dtype if dtype is None else dtype
-    if not xp.isdtype(out_dtype, "real floating"):
-        msg = f"dtype {out_dtype} is not a real floating dtype; dequantize to e.g. xp.float32"
+    if not is_real_float(xp, out_dtype):
+        msg = f"dtype {out_dtype} is not a real floating dtype of {xp.__name__}; dequantize to e.g. xp.float32"
         raise DTypeError(msg)
-    shape = tuple(qt.shape)
-    _check_values(qt.values, plan, shape, xp)
+    check_values(qt.values, plan, shape, xp)
     rank = len(shape)
     dims = plan.block_dims(rank)
     axis = plan.packed_axis(rank)
     per_word = (32 if plan.store_kind == "packed_u32" else 8) // plan.bits
     n_axis = shape[axis] if axis is not None else 0
     chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, shim.slab_friendly(qt.values))
+
+    def decode(codes: Any, eff: Any) -> Any:
+        if tab is not None:
+            return dequantize_lookup(codes, eff, tab, plan, xp=xp)
+        if plan.value.is_float:
+            return dequantize_float(codes, eff, plan, xp=xp)
+        return dequantize_int(codes, eff, xp=xp)
+
     with shim.quiet(xp):
-        eff = effective_scale(xp.astype(qt.scales, xp.float32, copy=False), qt.global_scale, plan, xp=xp)
+        eff = effective_scale(scales, glob, plan, xp=xp)
         out = Sink(len(chunks), shape, out_dtype, xp, device)
         for c in chunks:
             rows = c.rows.stop - c.rows.start
             codes = unpack_values(qt.values[c.stored, ...], plan, rank, rows if axis == 0 else n_axis, xp=xp)
             if dims:
                 cb = as_blocks(pad_to_blocks(codes, dims, xp=xp, edge=False), dims, xp=xp)
-                y = from_blocks(
-                    dequantize_int(cb, grid_as_blocks(eff[c.grid, ...], xp=xp), xp=xp), tuple(codes.shape), xp=xp
-                )
+                y = from_blocks(decode(cb, grid_as_blocks(eff[c.grid, ...], xp=xp)), tuple(codes.shape), xp=xp)
             else:
-                y = dequantize_int(codes, eff, xp=xp)
+                y = decode(codes, eff)
             out.put(c.rows, xp.astype(y, out_dtype, copy=False))
         return out.result

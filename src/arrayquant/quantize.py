@@ -22,9 +22,9 @@ from .invariants import (
     check_rounding,
     check_same_place,
     check_table,
+    is_real_float,
     namespace_of,
     plan_for,
-    require_kernel,
 )
 from .invariants import (
     check_finite as check_data_finite,
@@ -36,7 +36,9 @@ from .kernels import (
     from_blocks,
     grid_as_blocks,
     pad_to_blocks,
+    quantize_float,
     quantize_int,
+    quantize_lookup,
     scales_from_absmax,
     scales_from_range,
     store_scales,
@@ -71,7 +73,7 @@ def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | 
         return _compute_range(x, plan.block_dims(x.ndim), cal, xp=shim.kernel_namespace(xp))
 
 
-def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any) -> QParams:  # noqa: A002
+def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: Any = None) -> QParams:  # noqa: A002
     """Unrounded scales from a range; for a two-level scheme, normalised block scales and the global.
 
     >>> import array_api_strict as xp
@@ -86,9 +88,10 @@ def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any) -> QParams: 
         msg = f"min has shape {tuple(min.shape)} but max has {tuple(max.shape)}; pass both from compute_range"
         raise ShapeError(msg)
     with shim.quiet(xp):
+        tab = check_table(table, plan, xp, device_of(min))
         kx = shim.kernel_namespace(xp)
-        s, g = scales_from_range(xp.astype(min, xp.float32), xp.astype(max, xp.float32), plan, xp=kx)
-    return QParams(scales=s, global_scale=g)
+        s, g = scales_from_range(xp.astype(min, xp.float32), xp.astype(max, xp.float32), plan, xp=kx, table=tab)
+    return QParams(scales=s, global_scale=g, table=tab)
 
 
 def round_up_scales(s: Any, scale_dtype: ScaleDtype | str) -> Any:
@@ -100,7 +103,7 @@ def round_up_scales(s: Any, scale_dtype: ScaleDtype | str) -> Any:
     """
     dtype = ScaleDtype.coerce(scale_dtype)
     xp = namespace_of(s, "s")
-    if not xp.isdtype(s.dtype, "real floating"):
+    if not is_real_float(xp, s.dtype):
         msg = f"s has dtype {s.dtype}; scales must be real floating values"
         raise ParamsError(msg)
     s32 = xp.astype(s, xp.float32)
@@ -136,26 +139,28 @@ def quantize(
     rounding = check_rounding(rounding, plan)
     cal = check_calibration(calibration, plan)
     xp, device = check_input(x, plan)
-    require_kernel(plan)
     shape = tuple(int(n) for n in x.shape)
     readable = can_read(x)
     given = None
     if params is not None:
         given = check_params(params, plan, shape, xp, device, table)
+        tab = given[2]
         if check_finite and readable:
-            check_data_finite(x, xp)
+            with shim.quiet(xp):  # float64 beyond the f32 range overflows on purpose here
+                check_data_finite(x, xp)
     else:
-        check_table(table, plan, xp, device)
+        tab = check_table(table, plan, xp, device)
     if check_finite and not readable:
         x = shim.guard_finite(x)
     with shim.quiet(xp):
-        return _quantize(x, plan, given, cal, rounding, check_finite, readable, shim.kernel_namespace(xp), device)
+        return _quantize(x, plan, given, tab, cal, rounding, check_finite, readable, shim.kernel_namespace(xp), device)
 
 
 def _quantize(
     x: Any,
     plan: Plan,
     given: Any,
+    tab: Any,
     cal: Calibration,
     rounding: str,
     finite_checked: bool,
@@ -186,12 +191,19 @@ def _quantize(
         if finite_checked and readable and not bool(xp.all(xp.isfinite(alpha))):
             check_data_finite(x, xp)
 
+    def encode(y: Any, eff: Any) -> Any:
+        if tab is not None:
+            return quantize_lookup(y, eff, tab, plan, scrub_nan=scrub, xp=xp)
+        if plan.value.is_float:
+            return quantize_float(y, eff, plan, scrub_nan=scrub, xp=xp)
+        return quantize_int(y, eff, plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+
     def codes_of(xc: Any, eff: Any) -> Any:
         xc = xp.astype(xc, f32, copy=False)
         if not dims:
-            return quantize_int(xc, eff, plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+            return encode(xc, eff)
         xb = as_blocks(pad_to_blocks(xc, dims, xp=xp, edge=False), dims, xp=xp)
-        q = quantize_int(xb, grid_as_blocks(eff, xp=xp), plan, rounding=rounding, scrub_nan=scrub, xp=xp)
+        q = encode(xb, grid_as_blocks(eff, xp=xp))
         return from_blocks(q, tuple(xc.shape), xp=xp)
 
     glob = None
@@ -211,7 +223,7 @@ def _quantize(
                 sink.put(c.grid, alpha_of(x[c.rows, ...]))
             alpha = sink.result
         verify(alpha)
-        s, glob = scales_from_absmax(alpha, plan, xp=xp)
+        s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
 
     vshape, vdtype = values_layout(plan, shape)
@@ -222,7 +234,7 @@ def _quantize(
         if fused:
             alpha_c = alpha_of(xc)
             verify(alpha_c)
-            stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp)[0], plan, xp=xp)
+            stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp, table=tab)[0], plan, xp=xp)
             scales.put(c.grid, stored_c)
         else:
             assert stored is not None
@@ -231,7 +243,7 @@ def _quantize(
         values.put(c.stored, pack_codes(codes_of(xc, eff), plan, xp=xp))
     if fused:
         stored = scales.result
-    return QuantizedTensor(plan.scheme, shape, x.dtype, values.result, stored, glob)
+    return QuantizedTensor(plan.scheme, shape, x.dtype, values.result, stored, glob, tab)
 
 
 def _combine_max(parts: list[Any], xp: Any) -> Any:

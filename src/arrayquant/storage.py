@@ -7,11 +7,11 @@ from typing import Any
 
 from .backends import shim
 from .errors import DTypeError, ShapeError
-from .invariants import Plan, namespace_of, plan_for
+from .invariants import Plan, check_shape, namespace_of, plan_for
 from .kernels import pack_fields, padded_length, unpack_fields
 from .scheme import QuantScheme
 
-__all__ = ["pack", "pack_codes", "quantized_nbytes", "unpack", "unpack_values", "values_layout"]
+__all__ = ["check_values", "pack", "pack_codes", "quantized_nbytes", "unpack", "unpack_values", "values_layout"]
 
 
 def _word_bits(plan: Plan) -> int:
@@ -38,7 +38,7 @@ def quantized_nbytes(scheme: QuantScheme | str, shape: tuple[int, ...]) -> int:
     16
     """
     plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
-    shape = tuple(int(n) for n in shape)
+    shape = check_shape(shape)
     vshape, dtype = values_layout(plan, shape)
     item = {"int8": 1, "uint8": 1, "uint32": 4}[dtype]
     n_scales = math.prod(plan.grid_shape(shape))
@@ -64,13 +64,15 @@ def unpack_values(values: Any, plan: Plan, rank: int, n: int, *, xp: Any) -> Any
     return unpack_fields(raw, plan.bits, axis, n, signed=not plan.value.is_float, xp=xp)
 
 
-def _check_values(values: Any, plan: Plan, shape: tuple[int, ...], xp: Any) -> None:
+def check_values(values: Any, plan: Plan, shape: tuple[int, ...], xp: Any, name: str = "values") -> None:
+    """Stored values must have the dtype and shape the scheme gives data of ``shape``."""
     want_shape, want_dtype = values_layout(plan, shape)
     dtype = getattr(xp, want_dtype)
     if values.dtype != dtype or tuple(values.shape) != want_shape:
         msg = (
-            f"values of dtype {values.dtype} and shape {tuple(values.shape)} do not fit scheme "
-            f"{plan.scheme} for data of shape {shape}: expected {want_dtype} {want_shape}"
+            f"{name} of dtype {values.dtype} and shape {tuple(values.shape)} do not fit scheme "
+            f"{plan.scheme} for data of shape {shape}: expected {want_dtype} {want_shape}; build them with "
+            "aq.quantize or aq.pack"
         )
         raise ShapeError(msg)
 
@@ -99,10 +101,10 @@ def unpack(values: Any, scheme: QuantScheme | str, shape: tuple[int, ...]) -> An
     """Codes of data of ``shape`` from stored ``values`` (int8, or uint8 for float values)."""
     plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
     xp = namespace_of(values, "values")
-    shape = tuple(int(n) for n in shape)
-    if not shape:
+    if isinstance(shape, tuple) and not shape:
         msg = f"shape {shape!r} has no axes, but unpack needs at least one axis; pass the data's shape, e.g. (n,)"
         raise ShapeError(msg)
-    _check_values(values, plan, shape, xp)
+    shape = check_shape(shape)
+    check_values(values, plan, shape, xp)
     axis = plan.packed_axis(len(shape))
     return unpack_values(values, plan, len(shape), shape[axis] if axis is not None else 0, xp=xp)

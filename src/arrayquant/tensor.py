@@ -60,7 +60,7 @@ class QuantizedTensor:
             scales=move(self.scales),
             global_scale=move(self.global_scale),
             table=move(self.table),
-            dtype=getattr(xp, dtype_name(self.dtype)),
+            dtype=getattr(xp, dtype_name(self.dtype), xp.float32),  # e.g. bf16 where the target lacks it
         )
 
     def to_device(self, device: Any) -> QuantizedTensor:

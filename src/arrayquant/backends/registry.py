@@ -117,6 +117,7 @@ def default() -> BackendInfo:
 
 def namespace(name: str) -> Any:
     """The Array API namespace for backend ``name``."""
+    name = str(name).strip().lower()
     get(name)
     module = {
         "numpy": "array_api_compat.numpy",

@@ -54,6 +54,7 @@ def native_device(backend: str, device: Any) -> Any:
     """Turn ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a native device) into ``backend``'s device."""
     if device is None or not isinstance(device, str):
         return device
+    backend = backend.strip().lower()
     text = device.strip().lower()
     kind, _, index = text.partition(":")
     if index and not index.isdigit():
@@ -65,7 +66,7 @@ def native_device(backend: str, device: Any) -> Any:
         import array_api_strict
 
         if text in devices:
-            return array_api_strict.Device("CPU_DEVICE" if text == "cpu" else device)
+            return array_api_strict.Device("CPU_DEVICE" if text == "cpu" else text)
     elif kind == "cpu" and "cpu" in devices and not index:
         if backend == "torch":
             import torch
@@ -112,6 +113,7 @@ def to_host(x: Any) -> np.ndarray:
 
 def convert(obj: Any, backend: str, device: Any = None) -> Any:
     """``obj`` (an array of any backend, or nested Python data) as a ``backend`` array on ``device``."""
+    backend = str(backend).strip().lower()
     xp = namespace(backend)
     dev = native_device(backend, device)
     if compat.is_array_api_obj(obj) and backend_name(obj) == backend:
@@ -144,14 +146,18 @@ def writeable(x: Any) -> bool:
 
 
 def slab_friendly(x: Any) -> bool:
-    """Whether row slabs pay for ``x``: eager, writeable host memory.
+    """Whether row slabs pay for ``x``: an eager array in host memory.
 
-    Slabs keep temporaries in CPU caches and bound the working set; on a GPU they would only
-    multiply kernel launches (and per-slab synchronisations), so device arrays get one chunk.
+    Slabs keep temporaries in CPU caches and bound the working set; the outputs they are written
+    into are new arrays, so a read-only input (a memory map, a loaded checkpoint) qualifies too. On
+    a GPU slabs would only multiply kernel launches and synchronisations, and lazy or immutable
+    arrays (dask, jax) fuse the work themselves.
     """
-    if not writeable(x) or compat.is_cupy_array(x):
-        return False
-    return not compat.is_torch_array(x) or x.device.type == "cpu"
+    if compat.is_numpy_array(x):
+        return True
+    if compat.is_torch_array(x):
+        return bool(x.device.type == "cpu")
+    return backend_name(x) == "array_api_strict"
 
 
 @contextlib.contextmanager
@@ -234,9 +240,15 @@ def _viewer(x: Any) -> Any:
         import torch
 
         def view(a: Any, name: str) -> Any:
-            if a.stride(-1) != 1:  # torch calls a size-1 last axis contiguous whatever its stride
-                a = torch.empty_like(a, memory_format=torch.contiguous_format).copy_(a)
-            return a.contiguous().view(getattr(torch, name))
+            # torch calls size-1 axes contiguous whatever their strides, and its view checks them
+            c_strides: list[int] = []
+            step = 1
+            for n in reversed(a.shape):
+                c_strides.insert(0, step)
+                step *= n
+            if tuple(a.stride()) != tuple(c_strides):
+                a = torch.empty(tuple(a.shape), dtype=a.dtype, device=a.device).copy_(a)
+            return a.view(getattr(torch, name))
 
         return view
     return None

@@ -1,8 +1,16 @@
 """The invariant layer: every entry point checks schemes, parameters and data here first."""
 
-from .data import can_read, check_finite, check_input, check_same_place, namespace_of
+from .data import (
+    can_read,
+    check_finite,
+    check_input,
+    check_same_place,
+    check_shape,
+    is_real_float,
+    namespace_of,
+)
 from .params import CheckedParams, check_params, check_scale_values, check_table
-from .plan import Plan, check_calibration, check_rounding, plan_for, require_kernel
+from .plan import Plan, check_calibration, check_rounding, plan_for
 
 __all__ = [
     "CheckedParams",
@@ -15,8 +23,9 @@ __all__ = [
     "check_rounding",
     "check_same_place",
     "check_scale_values",
+    "check_shape",
     "check_table",
+    "is_real_float",
     "namespace_of",
     "plan_for",
-    "require_kernel",
 ]

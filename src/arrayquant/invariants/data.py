@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import array_api_compat as compat
@@ -16,6 +17,8 @@ __all__ = [
     "check_finite",
     "check_input",
     "check_same_place",
+    "check_shape",
+    "is_real_float",
     "namespace_of",
 ]
 
@@ -33,10 +36,18 @@ def namespace_of(x: Any, name: str = "x") -> Any:
     return compat.array_namespace(x)
 
 
+def is_real_float(xp: Any, dtype: Any) -> bool:
+    """Whether ``dtype`` is a real floating dtype of ``xp`` (bfloat16 included), never raising."""
+    try:
+        return bool(xp.isdtype(dtype, "real floating"))
+    except (TypeError, ValueError, AttributeError):
+        return str(getattr(dtype, "name", dtype)).endswith("bfloat16")  # NumPy arrays of ml_dtypes.bfloat16
+
+
 def check_input(x: Any, plan: Plan, name: str = "x") -> tuple[Any, Any]:
     """Check the data against the plan; return its namespace and device."""
     xp = namespace_of(x, name)
-    if not xp.isdtype(x.dtype, "real floating"):
+    if not is_real_float(xp, x.dtype):
         msg = (
             f"{name} has dtype {x.dtype}, but quantization needs a real floating array; "
             f"cast it first, e.g. xp.astype({name}, xp.float32)"
@@ -55,6 +66,19 @@ def check_input(x: Any, plan: Plan, name: str = "x") -> tuple[Any, Any]:
     plan.block_dims(len(shape))
     plan.packed_axis(len(shape))
     return xp, compat.device(x)
+
+
+def check_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
+    """A data shape as a tuple of Python ints, each at least 1, rank at least 1."""
+    try:
+        dims = tuple(operator.index(n) for n in shape)
+    except TypeError:
+        msg = f"{name} must be a sequence of integers such as (4, 64), got {shape!r}"
+        raise ShapeError(msg) from None
+    if not dims or min(dims) < 1 or isinstance(shape, (str, bytes)):
+        msg = f"{name} {shape!r} must have at least one axis and every extent >= 1, e.g. (4, 64)"
+        raise ShapeError(msg)
+    return dims
 
 
 def can_read(x: Any) -> bool:
@@ -89,24 +113,31 @@ def check_same_place(xp: Any, device: Any, **arrays: Any) -> None:
 
 
 def check_finite(x: Any, xp: Any, name: str = "x") -> None:
-    """Raise :class:`NonFiniteInputError` naming the count and first index of NaN/inf in ``x``."""
+    """Raise :class:`NonFiniteInputError` naming the count and first index of NaN/inf in ``x``.
+
+    The check runs on the values as computed, in f32: a finite float64 beyond the f32 range
+    overflows there and counts as infinite. Rows are checked a slab at a time, so the masks stay
+    small and a strided input is never copied whole.
+    """
     shape = tuple(x.shape)
-    flat = xp.reshape(x, (-1,))
-    n = flat.shape[0]
-    count, first = 0, -1
-    for start in range(0, n, CHECK_CHUNK_ELEMENTS):
-        bad = xp.logical_not(xp.isfinite(flat[start : min(start + CHECK_CHUNK_ELEMENTS, n)]))
+    row = math.prod(shape[1:])
+    step = max(1, CHECK_CHUNK_ELEMENTS // max(row, 1))
+    count, first, value, overflow = 0, -1, 0.0, False
+    for r0 in range(0, shape[0], step):
+        slab = xp.reshape(x[r0 : min(r0 + step, shape[0]), ...], (-1,))
+        bad = xp.logical_not(xp.isfinite(xp.astype(slab, xp.float32)))
         if bool(xp.any(bad)):
             if first < 0:
-                first = start + int(xp.argmax(xp.astype(bad, xp.uint8)))
+                i = int(xp.argmax(xp.astype(bad, xp.uint8)))
+                first, value = r0 * row + i, float(slab[i])
+                overflow = math.isfinite(value)
             count += int(xp.sum(xp.astype(bad, xp.int32), dtype=xp.int32))
     if count:
-        index = _unravel(first, shape)
-        value = float(flat[first])
+        what = "beyond the float32 range" if overflow else "non-finite"
         msg = (
-            f"{name} has {count} non-finite element(s) (first at index {index}: {value}); "
-            "clean the data (e.g. xp.where(xp.isfinite(x), x, 0)) or pass check_finite=False "
-            "to saturate infinities and map NaN to code 0"
+            f"{name} has {count} {what} element(s) (first at index {_unravel(first, shape)}: {value}); "
+            "quantization computes in float32, so clean or rescale the data (e.g. "
+            "xp.where(xp.isfinite(x), x, 0)) or pass check_finite=False to saturate infinities and map NaN to code 0"
         )
         raise NonFiniteInputError(msg)
 

@@ -9,7 +9,7 @@ import array_api_compat as compat
 
 from ..errors import MissingGlobalScaleError, ParamsError, ShapeError, UnexpectedGlobalScaleError
 from ..scheme import QParams, QuantMode
-from .data import can_read, check_same_place
+from .data import can_read, check_same_place, is_real_float
 from .plan import Plan
 
 __all__ = ["CheckedParams", "check_params", "check_scale_values", "check_table"]
@@ -19,7 +19,7 @@ CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or Non
 
 def _as_f32(value: Any, name: str, xp: Any, device: Any) -> Any:
     if compat.is_array_api_obj(value):
-        if not xp.isdtype(value.dtype, "real floating"):
+        if not is_real_float(xp, value.dtype):
             msg = f"{name} has dtype {value.dtype}; scales must be real floating values (they are used as f32)"
             raise ParamsError(msg)
         return xp.astype(value, xp.float32)
@@ -47,53 +47,61 @@ def check_scale_values(arr: Any, name: str, xp: Any) -> None:
 
 
 def check_params(
-    params: Any, plan: Plan, shape: tuple[int, ...], xp: Any, device: Any, table: Any = None
+    params: Any, plan: Plan, shape: tuple[int, ...], xp: Any, device: Any, table: Any = None, what: str = "params"
 ) -> CheckedParams:
-    """Validate static parameters for data of ``shape``; return them as f32 arrays."""
+    """Validate parameters for data of ``shape``; return them as f32 arrays.
+
+    ``what`` names their holder in messages: ``params`` for static quantization, ``qt`` for the
+    stored scales of a quantized tensor about to be dequantized or written.
+    """
     if not isinstance(params, QParams):
-        msg = f"params must be an aq.QParams (or None for dynamic quantization), got {type(params).__name__}"
+        msg = f"{what} must be an aq.QParams (or None for dynamic quantization), got {type(params).__name__}"
         raise ParamsError(msg)
     scheme = plan.scheme
     if params.scales is None:
-        msg = f"params.scales is None; a {scheme} scheme needs scales shaped {plan.grid_shape(shape)}"
+        msg = f"{what}.scales is None; a {scheme} scheme needs scales shaped {plan.grid_shape(shape)}"
         raise ParamsError(msg)
-    check_same_place(xp, device, scales=params.scales, global_scale=params.global_scale, table=params.table)
+    check_same_place(
+        xp,
+        device,
+        **{f"{what}.scales": params.scales, f"{what}.global_scale": params.global_scale, f"{what}.table": params.table},
+    )
     if plan.two_level and params.global_scale is None:
         msg = (
             f"scheme {scheme} is a two-level scheme (block scales of {plan.scale_dtype.name} times one "
-            "f32 per-tensor scale) but params has no per-tensor scale (global_scale is None); pass "
+            f"f32 per-tensor scale) but {what} has no per-tensor scale (global_scale is None); pass "
             "QParams(scales=block_scales, global_scale=g) with g of shape (1,), or compute both with "
             "aq.compute_q_params(scheme, *aq.compute_range(x, scheme))"
         )
         raise MissingGlobalScaleError(msg)
     if not plan.two_level and params.global_scale is not None:
         msg = (
-            f"scheme {scheme} has one scale level, but params carries a per-tensor scale "
+            f"scheme {scheme} has one scale level, but {what} carries a per-tensor scale "
             "(global_scale) that it would ignore; drop global_scale, or make the scheme two-level "
             "with .per_block(size, 'ue4m3').per_tensor('f32')"
         )
         raise UnexpectedGlobalScaleError(msg)
-    scales = _as_f32(params.scales, "params.scales", xp, device)
+    scales = _as_f32(params.scales, f"{what}.scales", xp, device)
     grid = plan.grid_shape(shape)
     if tuple(scales.shape) != grid:
         level = "one per-tensor scale" if plan.block is None else f"one scale per block of {plan.block}"
         msg = (
-            f"params.scales has shape {tuple(scales.shape)} but scheme {scheme} on data of shape "
+            f"{what}.scales has shape {tuple(scales.shape)} but scheme {scheme} on data of shape "
             f"{shape} needs {grid} ({level}); recompute them with aq.compute_q_params"
         )
         raise ShapeError(msg)
-    check_scale_values(scales, "params.scales", xp)
+    check_scale_values(scales, f"{what}.scales", xp)
     glob = None
     if params.global_scale is not None:
-        glob = _as_f32(params.global_scale, "params.global_scale", xp, device)
+        glob = _as_f32(params.global_scale, f"{what}.global_scale", xp, device)
         if math.prod(glob.shape) != 1:
             msg = (
-                f"params.global_scale must hold exactly one element (the per-tensor scale), "
+                f"{what}.global_scale must hold exactly one element (the per-tensor scale), "
                 f"got shape {tuple(glob.shape)}"
             )
             raise ShapeError(msg)
         glob = xp.reshape(glob, (1,))
-        check_scale_values(glob, "params.global_scale", xp)
+        check_scale_values(glob, f"{what}.global_scale", xp)
     tab = check_table(table if table is not None else params.table, plan, xp, device)
     return scales, glob, tab
 

@@ -14,7 +14,6 @@ __all__ = [
     "check_calibration",
     "check_rounding",
     "plan_for",
-    "require_kernel",
 ]
 
 TWO_LEVEL_BLOCK_MAX = 65504.0
@@ -101,6 +100,14 @@ def plan_for(scheme: QuantScheme) -> Plan:
             f"so it needs an integer value, not {value.name}; use e.g. with_value('q4f')"
         )
         raise SchemeError(msg)
+    if scheme.scale_rule == "ocp" and (
+        not value.is_float or scheme.block_scale is not ScaleDtype.UE8M0 or scheme.is_two_level
+    ):
+        msg = (
+            f"scheme {scheme}: the OCP shared-exponent rule needs a float value with one level of UE8M0 "
+            "block scales (as in MXFP8/MXFP4); use QuantScheme.mxfp8().with_scale_rule('ocp') or drop the rule"
+        )
+        raise SchemeError(msg)
     a, b = value.range
     return Plan(
         scheme=scheme,
@@ -138,16 +145,3 @@ def check_calibration(calibration: Calibration | str, plan: Plan) -> Calibration
         )
         raise SchemeError(msg)
     return cal
-
-
-def require_kernel(plan: Plan) -> None:
-    """Refuse schemes whose kernels this version does not have, instead of guessing."""
-    if plan.value.is_float:
-        msg = (
-            f"scheme {plan.scheme}: quantize/dequantize of float values ({plan.value.name}) is not "
-            "available in this version; use an integer value (q8s, q8f, q4s, q4f, q2s, q2f)"
-        )
-        raise SchemeError(msg)
-    if plan.scheme.mode is QuantMode.LOOKUP:
-        msg = f"scheme {plan.scheme}: lookup-mode kernels are not available in this version; use with_mode('symmetric')"
-        raise SchemeError(msg)

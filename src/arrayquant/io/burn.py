@@ -9,14 +9,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import array_api_compat as compat
 import numpy as np
 
 from ..backends import default, shim
-from ..errors import CorruptDataError, MissingGlobalScaleError, ParamsError
-from ..invariants import check_scale_values, plan_for
+from ..errors import CorruptDataError, DTypeError, MissingGlobalScaleError, ParamsError
+from ..invariants import check_params, check_scale_values, check_shape, namespace_of, plan_for
 from ..kernels import round_up_scales
-from ..scheme import QuantScheme, ScaleDtype
-from ..storage import quantized_nbytes, values_layout
+from ..scheme import QParams, QuantScheme, ScaleDtype
+from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor
 
 __all__ = ["decode_scales", "encode_scales", "from_bytes", "to_bytes"]
@@ -74,7 +75,7 @@ def decode_scales(raw: bytes, dtype: ScaleDtype, count: int) -> np.ndarray:
     codes = np.frombuffer(raw, dtype=np.uint8, count=count).astype(np.int32)
     if dtype is ScaleDtype.UE8M0:
         bad = codes == 0xFF
-        out = np.ldexp(np.float32(1), codes - 127).astype(np.float32)
+        out = np.ldexp(np.float32(1), np.minimum(codes, 254) - 127).astype(np.float32)
     else:
         bad = (codes & 0x80 != 0) | (codes == 0x7F)
         field, mant = codes >> 3, (codes & 7).astype(np.float32)
@@ -102,21 +103,18 @@ def to_bytes(qt: QuantizedTensor) -> bytes:
         msg = f"qt must be an aq.QuantizedTensor, got {type(qt).__name__}"
         raise ParamsError(msg)
     plan = plan_for(qt.scheme)
-    shape = tuple(qt.shape)
+    shape = check_shape(qt.shape, "qt.shape")
+    xp = namespace_of(qt.values, "qt.values")
+    scales, glob, _ = check_params(
+        QParams(qt.scales, qt.global_scale, qt.table), plan, shape, xp, compat.device(qt.values), what="qt"
+    )
+    check_values(qt.values, plan, shape, xp, "qt.values")
     _, vdtype = values_layout(plan, shape)
     values = np.ascontiguousarray(shim.to_host(qt.values)).astype(_WIDE[vdtype], copy=False)
-    parts = [values.tobytes(), encode_scales(shim.to_host(qt.scales), plan.scale_dtype)]
-    if plan.two_level:
-        if qt.global_scale is None:
-            msg = (
-                f"scheme {plan.scheme} is a two-level scheme but the tensor has no per-tensor scale "
-                "(global_scale is None); rebuild it with aq.quantize"
-            )
-            raise MissingGlobalScaleError(msg)
-        parts.append(np.asarray(shim.to_host(qt.global_scale), dtype="<f4").reshape(-1).tobytes())
-    out = b"".join(parts)
-    assert len(out) == quantized_nbytes(plan.scheme, shape)
-    return out
+    parts = [values.tobytes(), encode_scales(shim.to_host(scales), plan.scale_dtype)]
+    if glob is not None:
+        parts.append(np.asarray(shim.to_host(glob), dtype="<f4").reshape(-1).tobytes())
+    return b"".join(parts)
 
 
 def from_bytes(
@@ -136,8 +134,12 @@ def from_bytes(
     ([0.5, 0.125], [3.0], [0.0, 37.5, 76.5])
     """
     plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
-    shape = tuple(int(n) for n in shape)
-    raw = bytes(buf)
+    shape = check_shape(shape)
+    try:
+        raw = memoryview(buf).cast("B").tobytes()
+    except TypeError:
+        msg = f"buf must be bytes-like (bytes, bytearray, memoryview), got {type(buf).__name__}"
+        raise DTypeError(msg) from None
     vshape, vdtype = values_layout(plan, shape)
     n_scales = math.prod(plan.grid_shape(shape))
     value_bytes = math.prod(vshape) * np.dtype(_WIDE[vdtype]).itemsize

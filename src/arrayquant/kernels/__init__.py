@@ -2,7 +2,9 @@
 
 from .blocks import as_blocks, block_reduce, from_blocks, grid_as_blocks, pad_to_blocks, padded_shape
 from .calibrate import absmax, compute_range
+from .floating import dequantize_float, quantize_float
 from .integer import dequantize_int, quantize_int, safe_divisor
+from .lookup import dequantize_lookup, quantize_lookup
 from .packing import pack_fields, padded_length, unpack_fields
 from .qparams import effective_scale, scales_from_absmax, scales_from_range, store_scales
 from .roundup import round_up_scales
@@ -12,7 +14,9 @@ __all__ = [
     "as_blocks",
     "block_reduce",
     "compute_range",
+    "dequantize_float",
     "dequantize_int",
+    "dequantize_lookup",
     "effective_scale",
     "from_blocks",
     "grid_as_blocks",
@@ -20,7 +24,9 @@ __all__ = [
     "pad_to_blocks",
     "padded_length",
     "padded_shape",
+    "quantize_float",
     "quantize_int",
+    "quantize_lookup",
     "round_up_scales",
     "safe_divisor",
     "scales_from_absmax",

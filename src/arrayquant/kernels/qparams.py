@@ -7,18 +7,27 @@ from typing import Any
 from array_api_compat import device as device_of
 
 from ..invariants import Plan
-from ..scheme import F32_TINY
+from ..scheme import F32_TINY, ScaleDtype
+from .minifloat import FORMATS
 from .roundup import round_up_scales
 
 __all__ = ["effective_scale", "scales_from_absmax", "scales_from_range", "store_scales"]
 
 
-def scales_from_absmax(alpha: Any, plan: Plan, *, xp: Any) -> tuple[Any, Any]:
-    """Unrounded f32 scales (and the two-level global, else None) from ``alpha = max|x|``."""
+def scales_from_absmax(alpha: Any, plan: Plan, *, xp: Any, table: Any = None) -> tuple[Any, Any]:
+    """Unrounded f32 scales (and the two-level global, else None) from ``alpha = max|x|``.
+
+    In lookup mode ``alpha`` maps to the table's largest magnitude: ``s = alpha / max|table|``.
+    """
     dev = device_of(alpha)
-    two = xp.asarray(2.0, dtype=xp.float32, device=dev)
-    span = xp.asarray(plan.value.span, dtype=xp.float32, device=dev)
-    s = xp.divide(xp.multiply(alpha, two), span)  # multiply first, then divide, as Burn does
+    if plan.scheme.scale_rule == "ocp":
+        return _ocp_scales(alpha, plan, xp=xp), None
+    if table is not None:
+        s = xp.divide(alpha, xp.max(xp.abs(table)))
+    else:
+        two = xp.asarray(2.0, dtype=xp.float32, device=dev)
+        span = xp.asarray(plan.value.span, dtype=xp.float32, device=dev)
+        s = xp.divide(xp.multiply(alpha, two), span)  # multiply first, then divide, as Burn does
     if not plan.two_level:
         return s, None
     block_max = xp.asarray(plan.scale_dtype.max, dtype=xp.float32, device=dev)
@@ -27,10 +36,24 @@ def scales_from_absmax(alpha: Any, plan: Plan, *, xp: Any) -> tuple[Any, Any]:
     return xp.divide(s, xp.reshape(g, (1,) * s.ndim)), g
 
 
-def scales_from_range(lo: Any, hi: Any, plan: Plan, *, xp: Any) -> tuple[Any, Any]:
+def _ocp_scales(alpha: Any, plan: Plan, *, xp: Any) -> Any:
+    """OCP MX: ``2^(floor(log2 alpha) - emax)`` with ``emax`` the element format's largest exponent.
+
+    ``floor(log2 alpha)`` comes exactly from the UE8M0 round-up (the smallest power of two not
+    below alpha, halved unless alpha is that power); zero maps to the smallest scale, 2^-127.
+    """
+    dev = device_of(alpha)
+    up = round_up_scales(alpha, ScaleDtype.UE8M0, xp=xp)
+    half = xp.asarray(0.5, dtype=xp.float32, device=dev)
+    floor = xp.where(up == alpha, up, xp.multiply(up, half))
+    emax = FORMATS[plan.value].emax
+    return xp.multiply(floor, xp.asarray(2.0**-emax, dtype=xp.float32, device=dev))
+
+
+def scales_from_range(lo: Any, hi: Any, plan: Plan, *, xp: Any, table: Any = None) -> tuple[Any, Any]:
     """Unrounded f32 scales (and global) from a ``(min, max)`` range."""
     alpha = xp.maximum(xp.abs(lo), xp.abs(hi))
-    return scales_from_absmax(xp.astype(alpha, xp.float32, copy=False), plan, xp=xp)
+    return scales_from_absmax(xp.astype(alpha, xp.float32, copy=False), plan, xp=xp, table=table)
 
 
 def effective_scale(stored: Any, glob: Any, plan: Plan, *, xp: Any) -> Any:

@@ -4,7 +4,7 @@ from .block import MAX_BLOCK_DIMS, BlockSize
 from .codebooks import NF4
 from .qparams import QParams
 from .scales import F32_MAX, F32_TINY, ScaleDtype, to_f32
-from .scheme import PRESETS, QuantScheme
+from .scheme import PRESETS, SCALE_RULES, QuantScheme
 from .store import QuantStore
 from .values import Calibration, QuantMode, QuantValue
 
@@ -14,6 +14,7 @@ __all__ = [
     "MAX_BLOCK_DIMS",
     "NF4",
     "PRESETS",
+    "SCALE_RULES",
     "BlockSize",
     "Calibration",
     "QParams",

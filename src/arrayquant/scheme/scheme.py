@@ -13,7 +13,9 @@ from .scales import ScaleDtype
 from .store import QuantStore
 from .values import QuantMode, QuantValue
 
-__all__ = ["PRESETS", "QuantScheme"]
+__all__ = ["PRESETS", "SCALE_RULES", "QuantScheme"]
+
+SCALE_RULES = ("round_up", "ocp")
 
 _DEFAULT_STORE = QuantStore()  # Burn's default: PackedU32(0)
 
@@ -42,6 +44,7 @@ class QuantScheme:
     mode: QuantMode = QuantMode.SYMMETRIC
     tensor: ScaleDtype | None = None
     block: tuple[BlockSize, ScaleDtype] | None = None
+    scale_rule: str = "round_up"
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -50,6 +53,9 @@ class QuantScheme:
         setattr_(self, "mode", QuantMode.coerce(self.mode))
         if self.tensor is not None:
             setattr_(self, "tensor", ScaleDtype.coerce(self.tensor))
+        if self.scale_rule not in SCALE_RULES:
+            msg = f"unknown scale rule {self.scale_rule!r}; use one of {', '.join(map(repr, SCALE_RULES))}"
+            raise SchemeError(msg)
         if self.block is not None:
             try:
                 size, dtype = self.block
@@ -70,6 +76,13 @@ class QuantScheme:
     def with_mode(self, mode: QuantMode | str) -> QuantScheme:
         """The same scheme with another mode."""
         return dataclasses.replace(self, mode=QuantMode.coerce(mode))
+
+    def with_scale_rule(self, rule: str) -> QuantScheme:
+        """``"round_up"`` (default: the scale is at least ``max|x| / max``, nothing clips) or
+        ``"ocp"``: OCP MX's shared exponent ``floor(log2 max|x|) - emax(element)``, which may clip
+        a block's largest values to the element max (for interop with OCP MX producers).
+        """
+        return dataclasses.replace(self, scale_rule=str(rule).strip().lower())
 
     def per_tensor(self, dtype: ScaleDtype | str = ScaleDtype.F32) -> QuantScheme:
         """Set the per-tensor level (with a block level too, the scheme becomes two-level)."""
@@ -153,6 +166,8 @@ class QuantScheme:
             parts.append(str(self.store))
         if self.mode is not QuantMode.SYMMETRIC:
             parts.append(self.mode.value)
+        if self.scale_rule != "round_up":
+            parts.append(self.scale_rule)
         return ":".join(parts)
 
     def __repr__(self) -> str:
@@ -222,10 +237,12 @@ class QuantScheme:
                 set_once("store", QuantStore(tok, int(dim) if dim else 0), tok)
             elif tok in ("symmetric", "lookup"):
                 set_once("mode", QuantMode.coerce(tok), tok)
+            elif tok in SCALE_RULES:
+                set_once("scale_rule", tok, tok)
             else:
                 msg = (
                     f"unknown token {tok!r} in scheme text {text!r}; expected block<N>[:dtype], "
-                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric or lookup"
+                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric, lookup, round_up or ocp"
                 )
                 raise SchemeError(msg)
         return cls(**fields)

@@ -21,7 +21,7 @@ from .kernels import (
     pad_to_blocks,
 )
 from .scheme import QParams
-from .storage import check_values, unpack_values
+from .storage import check_values, fields_per_word, unpack_values
 from .tensor import QuantizedTensor
 
 __all__ = ["dequantize"]
@@ -53,7 +53,7 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     rank = len(shape)
     dims = plan.block_dims(rank)
     axis = plan.packed_axis(rank)
-    per_word = (32 if plan.store_kind == "packed_u32" else 8) // plan.bits
+    per_word = fields_per_word(plan)
     n_axis = shape[axis] if axis is not None else 0
     chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, shim.slab_friendly(qt.values))
 

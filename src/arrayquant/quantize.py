@@ -48,7 +48,7 @@ from .kernels import (
     round_up_scales as _round_up,
 )
 from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
-from .storage import pack_codes, values_layout
+from .storage import fields_per_word, pack_codes, values_layout
 from .tensor import QuantizedTensor
 
 __all__ = ["compute_q_params", "compute_range", "quantize", "round_up_scales"]
@@ -163,7 +163,7 @@ def _quantize(
     tab: Any,
     cal: Calibration,
     rounding: str,
-    finite_checked: bool,
+    check_requested: bool,
     readable: bool,
     xp: Any,
     device: Any,
@@ -172,23 +172,22 @@ def _quantize(
     rank = len(shape)
     dims = plan.block_dims(rank)
     axis = plan.packed_axis(rank)
-    per_word = (32 if plan.store_kind == "packed_u32" else 8) // plan.bits
+    per_word = fields_per_word(plan)
     chunked = shim.slab_friendly(x)
     chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, chunked)
-    scrub = not (finite_checked and readable)
+    # input not verified finite (check off, or unreadable now): scrub NaN, calibrate on finite values
+    scrub = not (check_requested and readable)
     grid = plan.grid_shape(shape)
     f32 = xp.float32
 
-    unchecked = scrub  # unchecked input: calibrate on the finite values, so inf saturates
-
     def alpha_of(xc: Any) -> Any:
         if cal is Calibration.ABSMEAN:
-            return _compute_range(xc, dims, cal, xp=xp, finite_only=unchecked)[1]
-        return absmax(xc, dims, xp=xp, finite_only=unchecked)
+            return _compute_range(xc, dims, cal, xp=xp, finite_only=scrub)[1]
+        return absmax(xc, dims, xp=xp, finite_only=scrub)
 
     def verify(alpha: Any) -> None:
         # a non-finite range means non-finite data: find and report it before storing anything
-        if finite_checked and readable and not bool(xp.all(xp.isfinite(alpha))):
+        if not scrub and not bool(xp.all(xp.isfinite(alpha))):
             check_data_finite(x, xp)
 
     def encode(y: Any, eff: Any) -> Any:

@@ -11,11 +11,25 @@ from .invariants import Plan, check_shape, namespace_of, plan_for
 from .kernels import pack_fields, padded_length, unpack_fields
 from .scheme import QuantScheme
 
-__all__ = ["check_values", "pack", "pack_codes", "quantized_nbytes", "unpack", "unpack_values", "values_layout"]
+__all__ = [
+    "check_values",
+    "fields_per_word",
+    "pack",
+    "pack_codes",
+    "quantized_nbytes",
+    "unpack",
+    "unpack_values",
+    "values_layout",
+]
 
 
 def _word_bits(plan: Plan) -> int:
     return 32 if plan.store_kind == "packed_u32" else 8
+
+
+def fields_per_word(plan: Plan) -> int:
+    """Fields in one storage word: ``32 / bits`` for PackedU32, ``8 / bits`` for bytes."""
+    return _word_bits(plan) // plan.bits
 
 
 def values_layout(plan: Plan, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:

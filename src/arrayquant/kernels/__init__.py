@@ -1,6 +1,6 @@
 """Kernels written once against the Array API: every function takes ``xp`` and trusts its plan."""
 
-from .blocks import as_blocks, block_reduce, from_blocks, grid_as_blocks, pad_to_blocks, padded_shape
+from .blocks import as_blocks, block_reduce, from_blocks, grid_as_blocks, pad_to_blocks
 from .calibrate import absmax, compute_range
 from .floating import dequantize_float, quantize_float
 from .integer import dequantize_int, quantize_int, safe_divisor
@@ -23,7 +23,6 @@ __all__ = [
     "pack_fields",
     "pad_to_blocks",
     "padded_length",
-    "padded_shape",
     "quantize_float",
     "quantize_int",
     "quantize_lookup",

@@ -18,13 +18,7 @@ __all__ = [
     "from_blocks",
     "grid_as_blocks",
     "pad_to_blocks",
-    "padded_shape",
 ]
-
-
-def padded_shape(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
-    """``shape`` rounded up to whole blocks on every axis."""
-    return tuple(-(-n // b) * b for n, b in zip(shape, dims, strict=True))
 
 
 def pad_to_blocks(x: Any, dims: tuple[int, ...], *, xp: Any, edge: bool) -> Any:

@@ -26,7 +26,7 @@ from .errors import (
     ShapeError,
     UnexpectedGlobalScaleError,
 )
-from .io import from_bytes, to_bytes
+from .io import from_bytes, load, save, to_bytes
 from .quantize import compute_q_params, compute_range, quantize, round_up_scales
 from .scheme import (
     NF4,
@@ -74,10 +74,12 @@ __all__ = [
     "dequantize",
     "errors",
     "from_bytes",
+    "load",
     "pack",
     "quantize",
     "quantized_nbytes",
     "round_up_scales",
+    "save",
     "to_bytes",
     "unpack",
 ]

@@ -1,0 +1,326 @@
+"""Checkpoints on safetensors: quantized tensors and plain arrays in one file, validated on load.
+
+Layout, per quantized tensor ``name``: the stored values under ``name``, the stored scales under
+``name.scales``, the two-level per-tensor scale under ``name.global_scale`` and a lookup table
+under ``name.table``; the scheme, original dtype and shape in the file's metadata under
+``arrayquant.tensor.<name>`` (JSON), with ``arrayquant.format`` naming the format version.
+Scales use safetensors' own dtypes (F32, F16, BF16, F8_E4M3 for UE4M3, F8_E8M0 for UE8M0).
+Writes go to a temporary file in the target folder that is renamed over the target, so a crash
+never leaves a truncated checkpoint under the target name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import array_api_compat as compat
+import numpy as np
+
+from ..backends import default, shim
+from ..errors import (
+    BackendUnavailableError,
+    CorruptDataError,
+    DTypeError,
+    MissingGlobalScaleError,
+    QuantizationError,
+    ShapeError,
+    UnexpectedGlobalScaleError,
+)
+from ..invariants import check_params, check_shape, plan_for
+from ..scheme import QParams, QuantScheme, ScaleDtype
+from ..storage import check_values, values_layout
+from ..tensor import QuantizedTensor, dtype_name
+from .burn import decode_scales, encode_scales
+
+__all__ = ["FORMAT_VERSION", "load", "save"]
+
+FORMAT_VERSION = "1"
+_FORMAT_KEY = "arrayquant.format"
+_TENSOR_KEY = "arrayquant.tensor."
+_SIBLINGS = (".scales", ".global_scale", ".table")
+# safetensors header dtype <-> (numpy dtype of the raw data, TensorSpec dtype name)
+_PLAIN = {
+    "F64": ("<f8", "float64"),
+    "F32": ("<f4", "float32"),
+    "F16": ("<f2", "float16"),
+    "BF16": ("<u2", "bfloat16"),
+    "I64": ("<i8", "int64"),
+    "I32": ("<i4", "int32"),
+    "I16": ("<i2", "int16"),
+    "I8": ("i1", "int8"),
+    "U32": ("<u4", "uint32"),
+    "U16": ("<u2", "uint16"),
+    "U8": ("u1", "uint8"),
+    "BOOL": ("u1", "bool"),
+    "F8_E4M3": ("u1", "float8_e4m3fn"),
+    "F8_E5M2": ("u1", "float8_e5m2"),
+    "F8_E8M0": ("u1", "float8_e8m0fnu"),
+}
+_SCALE_DTYPES = {
+    ScaleDtype.F32: "F32",
+    ScaleDtype.F16: "F16",
+    ScaleDtype.BF16: "BF16",
+    ScaleDtype.UE4M3: "F8_E4M3",
+    ScaleDtype.UE8M0: "F8_E8M0",
+}
+_VALUE_DTYPES = {"int8": "I8", "uint8": "U8", "uint32": "U32"}
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors
+    except ImportError:  # pragma: no cover - depends on the environment
+        msg = "checkpoints need safetensors; pip install 'arrayquant[io]'"
+        raise BackendUnavailableError(msg) from None
+    return safetensors
+
+
+def _entry(raw: bytes, header_dtype: str, shape: tuple[int, ...]) -> tuple[bytes, str, list[int]]:
+    return raw, header_dtype, list(shape)
+
+
+def _plain_entry(name: str, arr: Any) -> tuple[bytes, str, list[int]]:
+    host = np.ascontiguousarray(shim.to_host(arr))
+    kind = dtype_name(host.dtype)
+    for header, (raw_dtype, spec_name) in _PLAIN.items():
+        if spec_name == kind:
+            data = host.view(raw_dtype) if host.dtype.itemsize == np.dtype(raw_dtype).itemsize else host
+            return _entry(np.ascontiguousarray(data).astype(raw_dtype, copy=False).tobytes(), header, host.shape)
+    msg = f"tensor {name!r} has dtype {host.dtype}, which a safetensors checkpoint cannot hold"
+    raise DTypeError(msg)
+
+
+def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[bytes, str, list[int]]]:
+    plan = plan_for(qt.scheme)
+    shape = check_shape(qt.shape, f"{name}.shape")
+    xp = compat.array_namespace(qt.values)
+    scales, glob, tab = check_params(
+        QParams(qt.scales, qt.global_scale, qt.table), plan, shape, xp, compat.device(qt.values), what=name
+    )
+    check_values(qt.values, plan, shape, xp, f"{name}.values")
+    vshape, vdtype = values_layout(plan, shape)
+    values = np.ascontiguousarray(shim.to_host(qt.values))
+    grid = plan.grid_shape(shape)
+    out = {
+        name: _entry(values.astype(np.dtype(vdtype).newbyteorder("<")).tobytes(), _VALUE_DTYPES[vdtype], vshape),
+        name + ".scales": _entry(
+            encode_scales(shim.to_host(scales), plan.scale_dtype), _SCALE_DTYPES[plan.scale_dtype], grid
+        ),
+    }
+    if glob is not None:
+        out[name + ".global_scale"] = _entry(np.asarray(shim.to_host(glob), "<f4").tobytes(), "F32", (1,))
+    if tab is not None:
+        out[name + ".table"] = _entry(np.asarray(shim.to_host(tab), "<f4").tobytes(), "F32", tuple(tab.shape))
+    return out
+
+
+def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
+    """Write quantized tensors and plain arrays to a safetensors file, atomically.
+
+    >>> import numpy as np, arrayquant as aq, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> qt = aq.quantize(np.ones((4, 32), np.float32), "nvfp4")
+    >>> aq.save(path, {"w": qt, "bias": np.zeros(4, np.float32)})
+    >>> loaded = aq.load(path)
+    >>> aq.to_bytes(loaded["w"]) == aq.to_bytes(qt), loaded["bias"].shape
+    (True, (4,))
+    """
+    st = _safetensors()
+    entries: dict[str, tuple[bytes, str, list[int]]] = {}
+    metadata = {_FORMAT_KEY: FORMAT_VERSION}
+    for name, item in tensors.items():
+        if not isinstance(name, str) or not name or name.startswith("arrayquant.") or name.endswith(_SIBLINGS):
+            msg = f"tensor name {name!r} is not allowed; use a non-empty name without the suffixes {_SIBLINGS}"
+            raise ShapeError(msg)
+        if isinstance(item, QuantizedTensor):
+            parts = _quantized_entries(name, item)
+            metadata[_TENSOR_KEY + name] = json.dumps(
+                {"scheme": str(item.scheme), "dtype": dtype_name(item.dtype), "shape": list(item.shape)}
+            )
+        else:
+            parts = {name: _plain_entry(name, item)}
+        clash = set(parts) & set(entries)
+        if clash:
+            msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
+            raise ShapeError(msg)
+        entries.update(parts)
+    buffers = {k: np.frombuffer(raw, np.uint8) if raw else np.zeros(0, np.uint8) for k, (raw, _, _) in entries.items()}
+    specs = {
+        k: st.TensorSpec(
+            dtype=_PLAIN[header][1], shape=shape, data_ptr=buffers[k].ctypes.data, data_len=len(entries[k][0])
+        )
+        for k, (_, header, shape) in entries.items()
+    }
+    blob = st.serialize(specs, metadata=metadata)
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    st = _safetensors()
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            msg = f"{path} has {size} bytes, too few for a safetensors header"
+            raise CorruptDataError(msg)
+        header_len = int.from_bytes(head, "little")
+        if header_len > size - 8:  # checked before anything of that size is read
+            msg = f"{path} declares a {header_len}-byte header but the file has only {size} bytes"
+            raise CorruptDataError(msg)
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, ValueError) as exc:
+            msg = f"{path} has an unreadable safetensors header: {exc}"
+            raise CorruptDataError(msg) from None
+        if not isinstance(header, dict):
+            msg = f"{path}: the safetensors header is not a JSON object"
+            raise CorruptDataError(msg)
+        f.seek(0)
+        blob = f.read()
+    try:
+        entries = dict(st.deserialize(blob))
+    except Exception as exc:  # the format library's own validation: offsets, sizes, dtypes
+        msg = f"{path} is not a valid safetensors file: {exc}"
+        raise CorruptDataError(msg) from None
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        msg = f"{path}: the metadata must map strings to strings"
+        raise CorruptDataError(msg)
+    return entries, meta
+
+
+def _array(name: str, entry: dict[str, Any], want: str | None = None) -> np.ndarray:
+    header = str(entry["dtype"]).upper()
+    if header not in _PLAIN or (want is not None and header != want):
+        expected = f"{want}" if want else f"one of {', '.join(_PLAIN)}"
+        msg = f"entry {name!r} has dtype {entry['dtype']}, expected {expected}"
+        raise CorruptDataError(msg)
+    shape = tuple(int(n) for n in entry["shape"])
+    raw_dtype = np.dtype(_PLAIN[header][0])
+    data = bytes(entry["data"])
+    if len(data) != math.prod(shape) * raw_dtype.itemsize:
+        need = math.prod(shape) * raw_dtype.itemsize
+        msg = f"entry {name!r} holds {len(data)} bytes but its shape {shape} and dtype {header} need {need}"
+        raise CorruptDataError(msg)
+    return np.frombuffer(data, raw_dtype).reshape(shape)
+
+
+def _load_quantized(name: str, info: str, entries: dict[str, dict[str, Any]]) -> tuple[Any, ...]:
+    try:
+        meta = json.loads(info)
+        scheme = QuantScheme.parse(meta["scheme"])
+        shape = check_shape(meta["shape"], f"{name} shape in the metadata")
+        dtype = str(meta["dtype"])
+    except QuantizationError as exc:
+        msg = f"tensor {name!r}: {exc}"
+        raise type(exc)(msg) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = f"tensor {name!r} has unreadable metadata {info!r}: {exc}"
+        raise CorruptDataError(msg) from None
+    plan = plan_for(scheme)
+    if name not in entries:
+        msg = f"tensor {name!r} is described in the metadata but its values entry is missing"
+        raise CorruptDataError(msg)
+    vshape, vdtype = values_layout(plan, shape)
+    values = _array(name, entries[name], _VALUE_DTYPES[vdtype]).astype(vdtype)
+    if tuple(values.shape) != vshape:
+        msg = (
+            f"tensor {name!r}: values have shape {tuple(values.shape)} but scheme {scheme} on shape {shape} "
+            f"stores {vshape}"
+        )
+        raise ShapeError(msg)
+    if name + ".scales" not in entries:
+        msg = f"tensor {name!r} (scheme {scheme}) has no {name}.scales entry; the checkpoint is incomplete"
+        raise CorruptDataError(msg)
+    grid = plan.grid_shape(shape)
+    raw_scales = _array(name + ".scales", entries[name + ".scales"], _SCALE_DTYPES[plan.scale_dtype])
+    if tuple(raw_scales.shape) != grid:
+        msg = f"tensor {name!r}: {name}.scales has shape {tuple(raw_scales.shape)} but scheme {scheme} needs {grid}"
+        raise ShapeError(msg)
+    scales = decode_scales(raw_scales.tobytes(), plan.scale_dtype, math.prod(grid)).reshape(grid)
+    glob = None
+    if plan.two_level:
+        if name + ".global_scale" not in entries:
+            msg = (
+                f"tensor {name!r} uses the two-level scheme {scheme}, but the checkpoint has no per-tensor scale "
+                f"entry {name}.global_scale; re-export the tensor with its f32 per-tensor scale (shape (1,))"
+            )
+            raise MissingGlobalScaleError(msg)
+        glob = _array(name + ".global_scale", entries[name + ".global_scale"], "F32").astype(np.float32)
+    elif name + ".global_scale" in entries:
+        msg = (
+            f"tensor {name!r} has scheme {scheme}, which has one scale level, but the checkpoint has "
+            f"{name}.global_scale"
+        )
+        raise UnexpectedGlobalScaleError(msg)
+    table = None
+    if name + ".table" in entries:
+        table = _array(name + ".table", entries[name + ".table"], "F32").astype(np.float32)
+    try:
+        check_params(QParams(scales, glob, table), plan, shape, compat.array_namespace(scales), "cpu", what=name)
+    except QuantizationError as exc:
+        raise type(exc)(f"tensor {name!r}: {exc}") from None
+    return scheme, shape, dtype, values, scales, glob, table
+
+
+def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save`, validating every tensor before building it."""
+    entries, meta = _read(Path(path))
+    version = meta.get(_FORMAT_KEY)
+    described = {k[len(_TENSOR_KEY) :]: v for k, v in meta.items() if k.startswith(_TENSOR_KEY)}
+    if version is None and described:
+        msg = f"{path} describes quantized tensors but names no {_FORMAT_KEY}; it was not written by arrayquant"
+        raise CorruptDataError(msg)
+    if version is not None and version != FORMAT_VERSION:
+        msg = f"{path} has checkpoint format {version!r}; this arrayquant reads format {FORMAT_VERSION!r}, upgrade it"
+        raise CorruptDataError(msg)
+    name_ = backend or default().name
+    xp = shim.namespace(name_)
+    move = lambda a: None if a is None else shim.convert(a, name_, device)
+    siblings = {n + s for n in described for s in _SIBLINGS}
+    stray = [k for k in entries if k.endswith(_SIBLINGS) and k not in siblings]
+    if stray:
+        msg = f"{path} has entries {sorted(stray)} that belong to no quantized tensor in its metadata"
+        raise CorruptDataError(msg)
+    out: dict[str, Any] = {}
+    for name, info in described.items():
+        scheme, shape, dtype, values, scales, glob, table = _load_quantized(name, info, entries)
+        out[name] = QuantizedTensor(
+            scheme, shape, getattr(xp, dtype, xp.float32), move(values), move(scales), move(glob), move(table)
+        )
+    for name, entry in entries.items():
+        if name in out or name in siblings:
+            continue
+        arr = _array(name, entry)
+        header = str(entry["dtype"]).upper()
+        if header == "BF16" or header.startswith("F8"):
+            arr = arr.view(_ml_dtype(_PLAIN[header][1]))
+        elif header == "BOOL":
+            arr = arr.astype(bool)
+        out[name] = move(arr)
+    return out
+
+
+def _ml_dtype(name: str) -> Any:
+    try:
+        import ml_dtypes
+    except ImportError:
+        msg = f"reading {name} arrays into NumPy needs ml_dtypes; pip install ml_dtypes"
+        raise DTypeError(msg) from None
+    return getattr(ml_dtypes, name)

@@ -1,4 +1,9 @@
-"""The ``arrayquant`` command: ``demo`` (the main job) and ``backends``."""
+"""The ``arrayquant`` command: ``demo`` (the main job), ``backends``, and checkpoint tools.
+
+``quantize``, ``dequantize``, ``inspect`` and ``compare`` work on safetensors checkpoints; their
+work is in :mod:`arrayquant.commands`, which imports tqdm and matplotlib only when a subcommand
+needs them, so ``demo`` and ``backends`` run on NumPy and array-api-compat alone.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import __version__
+from . import __version__, commands
 from .backends import available, default, shim
 from .convert import asarray
 from .dequantize import dequantize
@@ -65,6 +70,8 @@ def _dequantize_host(qt: QuantizedTensor) -> object:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.write_checkpoint:
+        return commands.write_demo_checkpoint(args.write_checkpoint, demo_data)
     for text in args.schemes:  # refuse a bad scheme before any work or output
         plan_for(QuantScheme.parse(text))
     backend = args.backend or default().name
@@ -115,10 +122,69 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--cols", type=int, default=1024)
     demo.add_argument("--repeat", type=int, default=3, help="timing runs per scheme (best is reported)")
     demo.add_argument("--scheme", dest="schemes", action="append", help="scheme text; repeat for several")
+    demo.add_argument(
+        "--write-checkpoint", metavar="PATH", help="write a small synthetic f32 model checkpoint to PATH and exit"
+    )
     demo.set_defaults(func=_demo)
     back = sub.add_parser("backends", help="list array backends, whether they are usable, and their devices")
     back.set_defaults(func=_backends)
+    _checkpoint_parsers(sub)
     return parser
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        msg = f"expected a whole number >= 0, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return n
+
+
+def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    q = sub.add_parser(
+        "quantize",
+        help="quantize the weights of a safetensors checkpoint, one tensor at a time",
+        description="Quantize the floating tensors that match (by default the 2-D weights, not norms or biases) "
+        "and copy the rest unchanged.",
+    )
+    q.add_argument("input", metavar="IN", help="input .safetensors file")
+    q.add_argument("output", metavar="OUT", help="output .safetensors file (written atomically)")
+    q.add_argument("--scheme", required=True, help="scheme text, e.g. q4s:block32:f16 or nvfp4")
+    q.add_argument("--include", action="append", default=[], metavar="GLOB", help="quantize tensors named so (repeat)")
+    q.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="never quantize these (repeat)")
+    q.add_argument("--min-size", type=_count, default=0, metavar="N", help="only tensors of N elements or more")
+    q.add_argument("--backend", help="array backend (default: aq.backends.default())")
+    q.add_argument("--device", help="device such as cpu, cuda, cuda:1")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q.set_defaults(
+        func=lambda a: commands.quantize_checkpoint(
+            a.input,
+            a.output,
+            a.scheme,
+            include=a.include,
+            exclude=a.exclude,
+            min_size=a.min_size,
+            backend=a.backend,
+            device=a.device,
+            quiet=a.quiet,
+        )
+    )
+    d = sub.add_parser("dequantize", help="turn the quantized tensors of a checkpoint back into floats")
+    d.add_argument("input", metavar="IN")
+    d.add_argument("output", metavar="OUT")
+    d.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: each tensor's original dtype")
+    d.set_defaults(func=lambda a: commands.dequantize_checkpoint(a.input, a.output, a.dtype))
+    i = sub.add_parser("inspect", help="list the tensors of a checkpoint: shape, scheme or dtype, bytes, scales")
+    i.add_argument("file", metavar="FILE")
+    i.set_defaults(func=lambda a: commands.inspect_checkpoint(a.file))
+    c = sub.add_parser("compare", help="per-tensor SQNR and maximum error of a quantized checkpoint")
+    c.add_argument("original", metavar="ORIGINAL")
+    c.add_argument("quantized", metavar="QUANTIZED")
+    c.add_argument("--plot", metavar="FILE.png", help="also draw a histogram of the errors (matplotlib)")
+    c.set_defaults(func=lambda a: commands.compare_checkpoints(a.original, a.quantized, a.plot))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,6 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"arrayquant: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a missing input, an unwritable output folder, a full disk
+        if args.debug:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"arrayquant: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
 
 

@@ -14,13 +14,13 @@ import numpy as np
 
 from ..backends import default, shim
 from ..errors import CorruptDataError, DTypeError, MissingGlobalScaleError, ParamsError
-from ..invariants import check_params, check_scale_values, check_shape, namespace_of, plan_for
+from ..invariants import Plan, check_params, check_scale_values, check_shape, namespace_of, plan_for
 from ..kernels import round_up_scales
-from ..scheme import QParams, QuantScheme, ScaleDtype
+from ..scheme import QParams, QuantScheme, QuantValue, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor
 
-__all__ = ["decode_scales", "encode_scales", "from_bytes", "to_bytes"]
+__all__ = ["check_codes", "decode_scales", "encode_scales", "from_bytes", "to_bytes"]
 
 _WIDE = {"int8": "i1", "uint8": "u1", "uint32": "<u4"}
 
@@ -87,6 +87,23 @@ def decode_scales(raw: bytes, dtype: ScaleDtype, count: int) -> np.ndarray:
         )
         raise CorruptDataError(msg)
     return out
+
+
+def check_codes(values: np.ndarray, plan: Plan, what: str) -> None:
+    """Stored values read from outside that no decoder could read are corrupt data.
+
+    Every int8 value decodes (as ``eff * code``) and packed fields are masked to their width,
+    but E2M1 in a native store keeps one 4-bit code per byte: a byte above 0x0F is no code.
+    """
+    if plan.value is QuantValue.E2M1 and not plan.scheme.store.is_packed:
+        bad = np.asarray(values).reshape(-1) > 0x0F
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            msg = (
+                f"{what}: byte 0x{int(np.asarray(values).reshape(-1)[i]):02X} at flat index {i} is not an E2M1 "
+                "code (a native store holds one 4-bit code, 0x00-0x0F, per byte); the data is corrupt"
+            )
+            raise CorruptDataError(msg)
 
 
 def to_bytes(qt: QuantizedTensor) -> bytes:
@@ -167,6 +184,7 @@ def from_bytes(
         raise CorruptDataError(msg)
     values = np.frombuffer(raw, dtype=_WIDE[vdtype], count=math.prod(vshape)).reshape(vshape)
     values = values.astype(vdtype)
+    check_codes(values, plan, "stored values")
     scales = decode_scales(raw[value_bytes : value_bytes + scale_bytes], plan.scale_dtype, n_scales)
     scales = scales.reshape(plan.grid_shape(shape))
     check_scale_values(scales, "stored scales", np)

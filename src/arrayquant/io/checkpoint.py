@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,9 @@ from ..invariants import check_params, check_shape, plan_for
 from ..scheme import QParams, QuantScheme, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor, dtype_name
-from .burn import decode_scales, encode_scales
+from .burn import check_codes, decode_scales, encode_scales
 
-__all__ = ["FORMAT_VERSION", "load", "save"]
+__all__ = ["FORMAT_VERSION", "load", "save", "save_stream"]
 
 FORMAT_VERSION = "1"
 _FORMAT_KEY = "arrayquant.format"
@@ -70,6 +71,7 @@ _SCALE_DTYPES = {
     ScaleDtype.UE8M0: "F8_E8M0",
 }
 _VALUE_DTYPES = {"int8": "I8", "uint8": "U8", "uint32": "U32"}
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def _safetensors() -> Any:
@@ -85,15 +87,22 @@ def _entry(raw: bytes, header_dtype: str, shape: tuple[int, ...]) -> tuple[bytes
     return raw, header_dtype, list(shape)
 
 
-def _plain_entry(name: str, arr: Any) -> tuple[bytes, str, list[int]]:
-    host = np.ascontiguousarray(shim.to_host(arr))
+def _plain_array(name: str, arr: Any) -> tuple[np.ndarray, str]:
+    """The host array in its little-endian raw dtype (no copy where it already is one) and its header dtype."""
+    raw = np.asarray(shim.to_host(arr))
+    host = np.ascontiguousarray(raw).reshape(raw.shape)  # keeps 0-d arrays 0-d
     kind = dtype_name(host.dtype)
     for header, (raw_dtype, spec_name) in _PLAIN.items():
         if spec_name == kind:
             data = host.view(raw_dtype) if host.dtype.itemsize == np.dtype(raw_dtype).itemsize else host
-            return _entry(np.ascontiguousarray(data).astype(raw_dtype, copy=False).tobytes(), header, host.shape)
+            return np.ascontiguousarray(data).astype(raw_dtype, copy=False).reshape(host.shape), header
     msg = f"tensor {name!r} has dtype {host.dtype}, which a safetensors checkpoint cannot hold"
     raise DTypeError(msg)
+
+
+def _plain_entry(name: str, arr: Any) -> tuple[bytes, str, list[int]]:
+    data, header = _plain_array(name, arr)
+    return _entry(data.tobytes(), header, data.shape)
 
 
 def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[bytes, str, list[int]]]:
@@ -120,6 +129,16 @@ def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[bytes,
     return out
 
 
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name or name.startswith("arrayquant.") or name.endswith(_SIBLINGS):
+        msg = f"tensor name {name!r} is not allowed; use a non-empty name without the suffixes {_SIBLINGS}"
+        raise ShapeError(msg)
+
+
+def _describe(qt: QuantizedTensor) -> str:
+    return json.dumps({"scheme": str(qt.scheme), "dtype": dtype_name(qt.dtype), "shape": list(qt.shape)})
+
+
 def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     """Write quantized tensors and plain arrays to a safetensors file, atomically.
 
@@ -135,14 +154,10 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     entries: dict[str, tuple[bytes, str, list[int]]] = {}
     metadata = {_FORMAT_KEY: FORMAT_VERSION}
     for name, item in tensors.items():
-        if not isinstance(name, str) or not name or name.startswith("arrayquant.") or name.endswith(_SIBLINGS):
-            msg = f"tensor name {name!r} is not allowed; use a non-empty name without the suffixes {_SIBLINGS}"
-            raise ShapeError(msg)
+        _check_name(name)
         if isinstance(item, QuantizedTensor):
             parts = _quantized_entries(name, item)
-            metadata[_TENSOR_KEY + name] = json.dumps(
-                {"scheme": str(item.scheme), "dtype": dtype_name(item.dtype), "shape": list(item.shape)}
-            )
+            metadata[_TENSOR_KEY + name] = _describe(item)
         else:
             parts = {name: _plain_entry(name, item)}
         clash = set(parts) & set(entries)
@@ -171,6 +186,103 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
         raise
 
 
+def save_stream(
+    path: str | os.PathLike[str], items: Iterable[tuple[str, Any]], *, metadata: Mapping[str, str] | None = None
+) -> None:
+    """Write ``(name, tensor)`` pairs as they come, holding one tensor at a time; same file as :func:`save`.
+
+    ``items`` may be a generator: each quantized tensor or array is written and dropped before the
+    next is asked for, so memory stays near the largest tensor. The data goes to a spool file next
+    to the target while the header (which precedes the data in the format and needs every size) is
+    built; then header and data are copied to a temporary file that is renamed over the target.
+    ``metadata`` adds string entries to the file's metadata; keys under ``arrayquant.`` are
+    reserved. A failure anywhere, in ``items`` included, leaves the target as it was.
+
+    >>> import numpy as np, arrayquant as aq, tempfile, os
+    >>> from arrayquant.io.checkpoint import save_stream
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> items = ((f"w{i}", aq.quantize(np.full((4, 32), i, np.float32), "q8s")) for i in range(3))
+    >>> save_stream(path, items, metadata={"origin": "doctest"})
+    >>> sorted(aq.load(path)), aq.load(path)["w2"].shape
+    (['w0', 'w1', 'w2'], (4, 32))
+    """
+    meta = {_FORMAT_KEY: FORMAT_VERSION}
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str) or key.startswith("arrayquant."):
+            msg = f"metadata entry {key!r}: {value!r} is not allowed; use strings, keys outside 'arrayquant.'"
+            raise ShapeError(msg)
+        meta[key] = value
+    header: dict[str, Any] = {}
+    target = Path(path)
+    folder = target.parent or Path(".")
+    spool = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 - closed in the finally below
+    tmp: str | None = None
+    try:
+        offset = 0
+        for name, item in items:
+            _check_name(name)
+            if isinstance(item, QuantizedTensor):
+                parts: dict[str, tuple[Any, str, list[int]]] = dict(_quantized_entries(name, item))
+                meta[_TENSOR_KEY + name] = _describe(item)
+            else:
+                data, kind = _plain_array(name, item)
+                parts = {name: (data, kind, list(data.shape))}
+            clash = set(parts) & set(header)
+            if clash:
+                msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
+                raise ShapeError(msg)
+            for key, (raw, kind, shape) in parts.items():
+                buf = raw.reshape(-1).view(np.uint8).data if isinstance(raw, np.ndarray) else raw
+                spool.write(buf)
+                header[key] = {
+                    "dtype": kind,
+                    "shape": [int(n) for n in shape],
+                    "data_offsets": [offset, offset + len(buf)],
+                }
+                offset += len(buf)
+            del parts, item
+        text = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # pad as safetensors does, so the data starts 8-aligned
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            spool.seek(0)
+            shutil.copyfileobj(spool, f, 1 << 20)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        spool.close()
+
+
+def _blame(header: dict[str, Any]) -> str:
+    """Which entry of a refused header has a size that does not add up (for the error message)."""
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            kind = str(entry["dtype"]).upper()
+            shape = [int(n) for n in entry["shape"]]
+            start, end = (int(n) for n in entry["data_offsets"])
+        except (TypeError, KeyError, ValueError, OverflowError):
+            return f"; entry {key!r} is not a dtype, shape and data_offsets triple"
+        if kind in _PLAIN and end - start != math.prod(shape) * np.dtype(_PLAIN[kind][0]).itemsize:
+            need = math.prod(shape) * np.dtype(_PLAIN[kind][0]).itemsize
+            return (
+                f"; entry {key!r} declares shape {shape} of {kind} ({need} bytes) "
+                f"but its data_offsets span {end - start} bytes"
+            )
+    return ""
+
+
 def _read(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     st = _safetensors()
     size = path.stat().st_size
@@ -185,7 +297,7 @@ def _read(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
             raise CorruptDataError(msg)
         try:
             header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             msg = f"{path} has an unreadable safetensors header: {exc}"
             raise CorruptDataError(msg) from None
         if not isinstance(header, dict):
@@ -196,7 +308,7 @@ def _read(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     try:
         entries = dict(st.deserialize(blob))
     except Exception as exc:  # the format library's own validation: offsets, sizes, dtypes
-        msg = f"{path} is not a valid safetensors file: {exc}"
+        msg = f"{path} is not a valid safetensors file: {exc}{_blame(header)}"
         raise CorruptDataError(msg) from None
     meta = header.get("__metadata__") or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
@@ -213,7 +325,7 @@ def _array(name: str, entry: dict[str, Any], want: str | None = None) -> np.ndar
         raise CorruptDataError(msg)
     shape = tuple(int(n) for n in entry["shape"])
     raw_dtype = np.dtype(_PLAIN[header][0])
-    data = bytes(entry["data"])
+    data = bytearray(entry["data"])  # writable: torch warns about read-only buffers
     if len(data) != math.prod(shape) * raw_dtype.itemsize:
         need = math.prod(shape) * raw_dtype.itemsize
         msg = f"entry {name!r} holds {len(data)} bytes but its shape {shape} and dtype {header} need {need}"
@@ -227,18 +339,25 @@ def _load_quantized(name: str, info: str, entries: dict[str, dict[str, Any]]) ->
         scheme = QuantScheme.parse(meta["scheme"])
         shape = check_shape(meta["shape"], f"{name} shape in the metadata")
         dtype = str(meta["dtype"])
+        plan = plan_for(scheme)
     except QuantizationError as exc:
         msg = f"tensor {name!r}: {exc}"
         raise type(exc)(msg) from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         msg = f"tensor {name!r} has unreadable metadata {info!r}: {exc}"
         raise CorruptDataError(msg) from None
-    plan = plan_for(scheme)
+    if dtype not in _FLOAT_DTYPES:
+        msg = (
+            f"tensor {name!r} has original dtype {dtype!r} in the metadata; it must be one of "
+            f"{', '.join(_FLOAT_DTYPES)} (the float dtype the tensor was quantized from)"
+        )
+        raise CorruptDataError(msg)
     if name not in entries:
         msg = f"tensor {name!r} is described in the metadata but its values entry is missing"
         raise CorruptDataError(msg)
     vshape, vdtype = values_layout(plan, shape)
     values = _array(name, entries[name], _VALUE_DTYPES[vdtype]).astype(vdtype)
+    check_codes(values, plan, f"tensor {name!r}")
     if tuple(values.shape) != vshape:
         msg = (
             f"tensor {name!r}: values have shape {tuple(values.shape)} but scheme {scheme} on shape {shape} "
@@ -253,7 +372,10 @@ def _load_quantized(name: str, info: str, entries: dict[str, dict[str, Any]]) ->
     if tuple(raw_scales.shape) != grid:
         msg = f"tensor {name!r}: {name}.scales has shape {tuple(raw_scales.shape)} but scheme {scheme} needs {grid}"
         raise ShapeError(msg)
-    scales = decode_scales(raw_scales.tobytes(), plan.scale_dtype, math.prod(grid)).reshape(grid)
+    try:
+        scales = decode_scales(raw_scales.tobytes(), plan.scale_dtype, math.prod(grid)).reshape(grid)
+    except QuantizationError as exc:
+        raise type(exc)(f"tensor {name!r}: {exc}") from None
     glob = None
     if plan.two_level:
         if name + ".global_scale" not in entries:
@@ -273,7 +395,9 @@ def _load_quantized(name: str, info: str, entries: dict[str, dict[str, Any]]) ->
     if name + ".table" in entries:
         table = _array(name + ".table", entries[name + ".table"], "F32").astype(np.float32)
     try:
-        check_params(QParams(scales, glob, table), plan, shape, compat.array_namespace(scales), "cpu", what=name)
+        scales, glob, table = check_params(
+            QParams(scales, glob, table), plan, shape, compat.array_namespace(scales), "cpu", what=name
+        )
     except QuantizationError as exc:
         raise type(exc)(f"tensor {name!r}: {exc}") from None
     return scheme, shape, dtype, values, scales, glob, table

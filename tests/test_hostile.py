@@ -114,3 +114,21 @@ def test_read_only_input_is_chunked_and_exact(monkeypatch: pytest.MonkeyPatch) -
     a, b = aq.quantize(ro, "q4s:block16:f16"), aq.quantize(x, "q4s:block16:f16")
     np.testing.assert_array_equal(a.values, b.values)
     np.testing.assert_array_equal(a.scales, b.scales)
+
+
+def test_native_e2m1_high_nibble_does_not_crash() -> None:
+    qt = aq.quantize(np.linspace(-6, 6, 32, dtype=np.float32).reshape(1, 32), "e2m1:block32:f32:native")
+    dirty = dataclasses.replace(qt, values=qt.values | np.uint8(0xF0))  # hand-built: readers refuse this
+    np.testing.assert_array_equal(aq.dequantize(dirty), aq.dequantize(qt))
+    with pytest.raises(aq.CorruptDataError):
+        aq.from_bytes(aq.to_bytes(dirty), qt.scheme, qt.shape)
+
+
+def test_saved_checkpoints_follow_the_umask(tmp_path) -> None:
+    import os
+
+    path = tmp_path / "w.safetensors"
+    aq.save(path, {"w": np.ones(4, np.float32)})
+    umask = os.umask(0o22)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

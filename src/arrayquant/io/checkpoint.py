@@ -176,6 +176,9 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()

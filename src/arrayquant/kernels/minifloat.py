@@ -113,7 +113,13 @@ def encode(y: Any, value: QuantValue, *, xp: Any) -> Any:
 
 
 def decode(codes: Any, value: QuantValue, *, xp: Any) -> Any:
-    """f32 values of uint8 ``codes`` (fields of ``value``), by table lookup."""
-    table = xp.asarray(decode_table(value), dtype=xp.float32, device=device_of(codes))
-    flat = xp.astype(xp.reshape(codes, (-1,)), xp.int32)
+    """f32 values of uint8 ``codes`` (fields of ``value``), by table lookup.
+
+    Only the field's own bits index the table, so a stray high nibble in a hand-built native E2M1
+    tensor cannot index past it (the readers refuse such bytes outright).
+    """
+    dev = device_of(codes)
+    table = xp.asarray(decode_table(value), dtype=xp.float32, device=dev)
+    field = xp.bitwise_and(codes, xp.asarray((1 << FORMATS[value].bits) - 1, dtype=codes.dtype, device=dev))
+    flat = xp.astype(xp.reshape(field, (-1,)), xp.int32)
     return xp.reshape(xp.take(table, flat), tuple(codes.shape))

@@ -13,7 +13,7 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.commands import Entry, selected
+from arrayquant.cli_commands import Entry, selected
 from arrayquant.io.checkpoint import save_stream
 
 SCHEME = "q4s:block32:f16"

@@ -26,7 +26,7 @@ LAYER_NAMES = {0: "errors", 1: "scheme", 2: "invariants", 3: "kernels", 4: "back
 ARRAY_LIBRARIES = ("numpy", "cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 KERNEL_FORBIDDEN = ("numpy", "cupy", "torch", "jax", "dask")
 # host-side I/O and the command line read and write NumPy buffers; kernels never do
-HOST_LAYERS = ("backends", "io", "cli", "commands")
+HOST_LAYERS = ("backends", "io", "cli", "cli_commands")
 PURE_FORBIDDEN = (*ARRAY_LIBRARIES, "array_api_compat")
 OPTIONAL_BACKENDS = ("cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 

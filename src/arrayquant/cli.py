@@ -1,7 +1,7 @@
 """The ``arrayquant`` command: ``demo`` (the main job), ``backends``, and checkpoint tools.
 
 ``quantize``, ``dequantize``, ``inspect`` and ``compare`` work on safetensors checkpoints; their
-work is in :mod:`arrayquant.commands`, which imports tqdm and matplotlib only when a subcommand
+work is in :mod:`arrayquant.cli_commands`, which imports tqdm and matplotlib only when a subcommand
 needs them, so ``demo`` and ``backends`` run on NumPy and array-api-compat alone.
 """
 
@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import __version__, commands
+from . import __version__
+from . import cli_commands as commands
 from .backends import available, default, shim
 from .convert import asarray
 from .dequantize import dequantize

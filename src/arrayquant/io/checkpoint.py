@@ -286,26 +286,36 @@ def _blame(header: dict[str, Any]) -> str:
     return ""
 
 
+def read_header(f: Any, path: Path, size: int) -> tuple[int, dict[str, Any]]:
+    """The length and JSON header of the safetensors file open as ``f`` (positioned at 0).
+
+    The declared length is checked against the file's ``size`` before anything of that size is
+    read, so a lying header cannot make a small file allocate gigabytes.
+    """
+    head = f.read(8)
+    if len(head) < 8:
+        msg = f"{path} has {size} bytes, too few for a safetensors header"
+        raise CorruptDataError(msg)
+    header_len = int.from_bytes(head, "little")
+    if header_len > size - 8:
+        msg = f"{path} declares a {header_len}-byte header but the file has only {size} bytes"
+        raise CorruptDataError(msg)
+    try:
+        header = json.loads(f.read(header_len))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        msg = f"{path} has an unreadable safetensors header: {exc}"
+        raise CorruptDataError(msg) from None
+    if not isinstance(header, dict):
+        msg = f"{path}: the safetensors header is not a JSON object"
+        raise CorruptDataError(msg)
+    return header_len, header
+
+
 def _read(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     st = _safetensors()
     size = path.stat().st_size
     with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            msg = f"{path} has {size} bytes, too few for a safetensors header"
-            raise CorruptDataError(msg)
-        header_len = int.from_bytes(head, "little")
-        if header_len > size - 8:  # checked before anything of that size is read
-            msg = f"{path} declares a {header_len}-byte header but the file has only {size} bytes"
-            raise CorruptDataError(msg)
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            msg = f"{path} has an unreadable safetensors header: {exc}"
-            raise CorruptDataError(msg) from None
-        if not isinstance(header, dict):
-            msg = f"{path}: the safetensors header is not a JSON object"
-            raise CorruptDataError(msg)
+        _, header = read_header(f, path, size)
         f.seek(0)
         blob = f.read()
     try:

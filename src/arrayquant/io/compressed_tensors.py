@@ -48,7 +48,6 @@ effective scales can differ by one ulp. tests/test_compressed_tensors.py measure
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -64,6 +63,7 @@ from ..scheme import QuantScheme, ScaleDtype
 from ..storage import values_layout
 from ..tensor import QuantizedTensor
 from .burn import check_codes, decode_scales, to_bytes
+from .checkpoint import read_header
 
 __all__ = ["read_nvfp4", "write_nvfp4"]
 
@@ -82,22 +82,7 @@ def _read_file(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
     size = path.stat().st_size
     out: dict[str, np.ndarray] = {}
     with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            msg = f"{path} has {size} bytes, too few for a safetensors header"
-            raise CorruptDataError(msg)
-        header_len = int.from_bytes(head, "little")
-        if header_len > size - 8:
-            msg = f"{path} declares a {header_len}-byte header but the file has only {size} bytes"
-            raise CorruptDataError(msg)
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            msg = f"{path} has an unreadable safetensors header: {exc}"
-            raise CorruptDataError(msg) from None
-        if not isinstance(header, dict):
-            msg = f"{path}: the safetensors header is not a JSON object"
-            raise CorruptDataError(msg)
+        header_len, header = read_header(f, path, size)
         data_len = size - 8 - header_len
         for key in keys:
             if key not in header:

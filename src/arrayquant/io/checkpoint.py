@@ -39,7 +39,7 @@ from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor, dtype_name
 from .burn import check_codes, decode_scales, encode_scales
 
-__all__ = ["FORMAT_VERSION", "load", "save", "save_stream"]
+__all__ = ["FORMAT_VERSION", "load", "read_header", "save", "save_stream"]
 
 FORMAT_VERSION = "1"
 _FORMAT_KEY = "arrayquant.format"

@@ -25,8 +25,9 @@ API_LAYER = 5
 LAYER_NAMES = {0: "errors", 1: "scheme", 2: "invariants", 3: "kernels", 4: "backends", 5: "api"}
 ARRAY_LIBRARIES = ("numpy", "cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 KERNEL_FORBIDDEN = ("numpy", "cupy", "torch", "jax", "dask")
-# host-side I/O and the command line read and write NumPy buffers; kernels never do
-HOST_LAYERS = ("backends", "io", "cli", "cli_commands")
+# host-side I/O and the command line read and write NumPy buffers, and the benchmark times the
+# peers (ml_dtypes, torch, jax, cupy, imported inside its functions); kernels never do
+HOST_LAYERS = ("backends", "io", "cli", "cli_commands", "bench")
 PURE_FORBIDDEN = (*ARRAY_LIBRARIES, "array_api_compat")
 OPTIONAL_BACKENDS = ("cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 

@@ -1,4 +1,4 @@
-"""The ``arrayquant`` command: ``demo`` (the main job), ``backends``, and checkpoint tools.
+"""The ``arrayquant`` command: ``demo`` (the main job), ``backends``, ``bench``, and checkpoint tools.
 
 ``quantize``, ``dequantize``, ``inspect`` and ``compare`` work on safetensors checkpoints; their
 work is in :mod:`arrayquant.cli_commands`, which imports tqdm and matplotlib only when a subcommand
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import __version__
+from . import __version__, bench
 from . import cli_commands as commands
 from .backends import available, default, shim
 from .convert import asarray
@@ -130,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
     back = sub.add_parser("backends", help="list array backends, whether they are usable, and their devices")
     back.set_defaults(func=_backends)
     _checkpoint_parsers(sub)
+    perf = sub.add_parser(
+        "bench",
+        help="measure quantize/dequantize GB/s on this machine beside copy, plain NumPy and installed peers",
+        description=bench.__doc__.splitlines()[0] if bench.__doc__ else None,
+    )
+    bench.add_arguments(perf)
+    perf.set_defaults(func=lambda a: bench.run_from_args(a, perf))
     return parser
 
 

@@ -53,7 +53,7 @@ from .quantize import quantize
 from .scheme import QuantScheme
 from .tensor import QuantizedTensor
 
-__all__ = ["PEERS", "PEER_MAP", "Result", "add_arguments", "main", "run", "run_from_args"]
+__all__ = ["PEERS", "PEER_MAP", "Result", "add_arguments", "main", "markdown", "run", "run_from_args"]
 
 BLOCK = 32
 MIB = 1 << 20
@@ -64,8 +64,8 @@ FLOAT_PRESETS = ("nvfp4", "mxfp4", "mxfp8")
 FOUR_BIT = ("q4s:block32:f16", "nvfp4", "mxfp4")
 ALL_CASES = AQ_SCHEMES + FLOAT_PRESETS
 FLOAT_BASELINE = "numpy+ml_dtypes "  # + preset: the case name of its NumPy + ml_dtypes form
-NUMPY_TENSOR = "numpy per-tensor"
-NUMPY_BLOCK = "numpy block32 f16"
+TENSOR_FORM = " per-tensor"  # the obvious int8 forms, after the name of the library that runs them
+BLOCK_FORM = " block32 f16"
 BACKENDS = ("numpy", "cupy", "torch", "jax")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -564,6 +564,11 @@ def _peer_jax_jit(b: Bench) -> list[Pair]:
 
         def run_q(qf: Any = qf) -> Any:
             out = qf(x)
+            sync(out)  # jax dispatches asynchronously: wait, whatever the input backend
+            return out
+
+        def run_d(fields: Any, df: Any = df) -> Any:
+            out = df(*fields)
             sync(out)
             return out
 
@@ -571,7 +576,7 @@ def _peer_jax_jit(b: Bench) -> list[Pair]:
             Pair(
                 f"jax.jit {scheme}",
                 run_q,
-                functools.partial(_unpair, df),
+                run_d,
                 kind="jit",
                 check=functools.partial(b.check, scheme),
             )
@@ -586,7 +591,14 @@ PEERS: dict[str, Callable[[Bench], list[Pair]]] = {
     "bitsandbytes": _peer_bitsandbytes,
     "jax.jit": _peer_jax_jit,
 }
-HOST_ONLY_PEERS = ("gguf", "bitsandbytes")  # NumPy or CPU torch inputs only
+# the input backends each peer runs with: on the others it would time a different machine
+PEER_BACKENDS = {
+    "gguf": ("numpy",),
+    "torch": ("numpy", "torch"),
+    "torch.compile": ("numpy", "torch"),
+    "bitsandbytes": ("numpy", "torch"),
+    "jax.jit": ("numpy", "jax"),
+}
 
 
 # --- one run ----------------------------------------------------------------------------------
@@ -601,15 +613,15 @@ def _copy_case(b: Bench) -> tuple[str, Callable[[], Any]]:
         import cupy
 
         dst = cupy.empty_like(x)
-        return "cupy.copyto (device)", lambda: cupy.copyto(dst, x)
+        return "cupy.copyto", lambda: cupy.copyto(dst, x)
     if b.backend == "torch":
         import torch
 
         dst = torch.empty_like(x)
-        return f"torch copy_ ({x.device})", lambda: dst.copy_(x)
+        return "torch.Tensor.copy_", lambda: dst.copy_(x)
     import jax.numpy as jnp
 
-    return f"jax copy ({x.device})", lambda: jnp.copy(x)
+    return "jax.numpy.copy", lambda: jnp.copy(x)
 
 
 def run(
@@ -649,9 +661,9 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
     codes_b, scales_b = np_quantize_block(host)
     if m is not None:
         pair_bytes = lambda r: int(r[0].nbytes + r[1].nbytes)
-        forms = (
-            (NUMPY_TENSOR, np_quantize_tensor, np_dequantize_tensor),
-            (NUMPY_BLOCK, np_quantize_block, np_dequantize_block),
+        forms = (  # named "numpy ..." on NumPy, "cupy ..." on CuPy
+            (m.__name__ + TENSOR_FORM, np_quantize_tensor, np_dequantize_tensor),
+            (m.__name__ + BLOCK_FORM, np_quantize_block, np_dequantize_block),
         )
         for case, q, dq in forms:
             try:
@@ -683,8 +695,8 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
     del codes_t, codes_b
 
     for peer in peers:
-        if b.backend != "numpy" and peer in HOST_ONLY_PEERS:
-            b.unavailable[peer] = f"runs on NumPy input only (this run: --backend {b.backend})"
+        if b.backend not in PEER_BACKENDS[peer]:
+            b.unavailable[peer] = f"not with --backend {b.backend}: runs with {' or '.join(PEER_BACKENDS[peer])}"
             continue
         try:
             pairs = PEERS[peer](b)
@@ -734,9 +746,10 @@ def _ratios(results: list[Result]) -> None:
         r.vs_copy = r.gbps_median / copy
         if r.kind != "arrayquant":
             continue
-        ref = index.get((_numpy_reference(r.case), r.op))
-        if ref is not None:
-            r.vs_numpy = r.gbps_median / ref.gbps_median
+        form = _numpy_reference(r.case)
+        ref = [o for o in results if o.kind == "numpy" and o.op == r.op and o.case.endswith(form)]
+        if ref:
+            r.vs_numpy = r.gbps_median / ref[0].gbps_median
         peers = [index[(p, r.op)] for p in PEER_MAP.get(r.case, ()) if (p, r.op) in index]
         if peers:
             best = max(peers, key=lambda p: p.gbps_median)
@@ -746,7 +759,7 @@ def _ratios(results: list[Result]) -> None:
 def _numpy_reference(case: str) -> str:
     if case in FLOAT_PRESETS:
         return FLOAT_BASELINE + case
-    return NUMPY_BLOCK if ":block" in case else NUMPY_TENSOR
+    return BLOCK_FORM if ":block" in case else TENSOR_FORM
 
 
 # --- report -----------------------------------------------------------------------------------
@@ -874,6 +887,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=TARGET_SIZE, help="side of the square f32 input (multiple of 32)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per case, after one warm-up")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results and the machine as JSON")
+    parser.add_argument("--markdown", type=Path, metavar="PATH", help="also write the tables as Markdown")
     parser.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend of the input")
     parser.add_argument("--device", help="device such as cpu, cuda, cuda:1 (default: the backend's)")
     parser.add_argument(
@@ -903,7 +917,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     print(report(info, args.size, args.repeat, results, unavailable))
     info["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     print(f"\nloadavg at end: {info['loadavg_end']}")
-    if args.json is not None:
+    if args.json is not None or args.markdown is not None:
         doc = {
             "machine": info,
             "versions": vers,
@@ -915,12 +929,78 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             "targets": targets(results),
             "peer_map": PEER_MAP,
         }
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        if args.json is not None:
+            args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        if args.markdown is not None:
+            args.markdown.write_text(markdown(doc))
     differs = [f"{r.case} {r.op}" for r in results if r.check == "differs"]
     if differs:
         print(f"\noutputs that differ from their reference: {', '.join(differs)}", file=sys.stderr)
         return 1
     return 0
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The tables of a run's JSON document as Markdown (what ``--markdown`` writes; docs use it)."""
+    m, rows = doc["machine"], doc["results"]
+    by = {(r["case"], r["op"]): r for r in rows}
+    vers = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
+    load = lambda key: " ".join(f"{v:.2f}" for v in m.get(key) or [])
+    out = [
+        f"Input {doc['size']}x{doc['size']} float32, median and best of {doc['repeat']} runs after a warm-up, "
+        f"one thread. Machine: {m['cpu']}, {m['cpu_count']} cores, {m['platform']}; Python {m['python']}, "
+        f"NumPy {m['numpy']}; backend {m['backend']} ({m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}). "
+        f"Load average {load('loadavg')} at the start, {load('loadavg_end')} at the end. Peers: {vers}.",
+        "",
+        "| case | op | median GB/s | best GB/s | x copy | x NumPy | best peer | peer GB/s | x peer | check |",
+        "|---|---|--:|--:|--:|--:|---|--:|--:|---|",
+    ]
+    num = lambda v, spec=".2f": "" if v is None else format(v, spec)
+    for r in rows:
+        if r["kind"] != "arrayquant":
+            continue
+        peer = by.get((r["best_peer"], r["op"])) if r["best_peer"] else None
+        out.append(
+            f"| `{r['case']}` | {r['op']} | {r['gbps_median']:.2f} | {r['gbps_best']:.2f} | {r['vs_copy']:.3f} | "
+            f"{num(r['vs_numpy'])} | {r['best_peer'] or ''} | {num(peer and peer['gbps_median'])} | "
+            f"{num(r['vs_peer'])} | {r['check']} |"
+        )
+    out += [
+        "",
+        "| reference or peer | op | median GB/s | best GB/s | x copy | first call s | beside |",
+        "|---|---|--:|--:|--:|--:|---|",
+    ]
+    beside: dict[str, list[str]] = {}
+    for case, peers in doc["peer_map"].items():
+        for p in peers:
+            beside.setdefault(p, []).append(case)
+    for r in rows:
+        if r["kind"] in ("copy", "numpy", "peer"):
+            near = beside.get(r["case"]) or (["all"] if r["kind"] == "copy" else [])
+            out.append(
+                f"| {r['case']} | {r['op']} | {r['gbps_median']:.2f} | {r['gbps_best']:.2f} | {r['vs_copy']:.3f} | "
+                f"{r['first_s']:.2f} | {', '.join(f'`{c}`' for c in near)} |"
+            )
+    jit = [r for r in rows if r["kind"] == "jit"]
+    if jit:
+        out += ["", "| jax.jit of arrayquant | op | median GB/s | x eager NumPy | first call s | check |"]
+        out += ["|---|---|--:|--:|--:|---|"]
+        for r in jit:
+            eager = by.get((r["case"].removeprefix("jax.jit "), r["op"]))
+            ratio = num(eager and r["gbps_median"] / eager["gbps_median"])
+            out.append(
+                f"| `{r['case']}` | {r['op']} | {r['gbps_median']:.2f} | {ratio} | {r['first_s']:.2f} | {r['check']} |"
+            )
+    if doc["unavailable"]:
+        out += ["", "Unavailable in this run:", ""]
+        out += [f"- {name}: {why}" for name, why in doc["unavailable"].items()]
+    out += ["", "| target | op | measured | goal | verdict |", "|---|---|--:|--:|---|"]
+    for t in doc["targets"]:
+        sign = ">=" if t["metric"] == "GB/s median" else "<="
+        out.append(
+            f"| `{t['case']}` | {t['op']} | {t['value']:.2f} {t['metric']} | {sign} {t['goal']:g} | {t['verdict']} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

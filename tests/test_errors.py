@@ -684,11 +684,12 @@ def test_nonfinite_input_static(xp: Any) -> None:
 
 def test_nonfinite_dask() -> None:
     da = pytest.importorskip("dask.array")
-    x = da.from_array(f32(1.0, np.nan, 3.0, 4.0), chunks=2)
+    x = da.from_array(f32(1.0, 2.0, 3.0, 4.0, 5.0, np.inf, np.nan, 8.0), chunks=4)
     qt = aq.quantize(x, Q8S)  # lazy: nothing is read yet
     with pytest.raises(
         aq.NonFiniteInputError,
-        match=r"x has 1 non-finite element\(s\) in one chunk \(found when the dask graph ran\); .*check_finite=False",
+        match=r"x has 2 non-finite element\(s\) in its chunk starting at \(4,\), found when the dask graph ran "
+        r"\(first at index \(5,\): inf\); .*check_finite=False",
     ):
         qt.values.compute()
 

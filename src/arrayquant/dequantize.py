@@ -6,22 +6,15 @@ from typing import Any
 
 import array_api_compat as compat
 
-from .backends import shim
+from .backends import dask_graph, shim
+from .blockwork import Steps
 from .chunks import Sink, row_chunks
 from .errors import DTypeError, ParamsError
 from .invariants import check_params, check_shape, is_real_float, namespace_of, plan_for
-from .kernels import (
-    as_blocks,
-    dequantize_float,
-    dequantize_int,
-    dequantize_lookup,
-    effective_scale,
-    from_blocks,
-    grid_as_blocks,
-    pad_to_blocks,
-)
+from .kernels import effective_scale
+from .lazy import dequantize_lazy
 from .scheme import QParams
-from .storage import check_values, fields_per_word, unpack_values
+from .storage import check_values, fields_per_word
 from .tensor import QuantizedTensor
 
 __all__ = ["dequantize"]
@@ -50,30 +43,20 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
         msg = f"dtype {out_dtype} is not a real floating dtype of {xp.__name__}; dequantize to e.g. xp.float32"
         raise DTypeError(msg)
     check_values(qt.values, plan, shape, xp)
+    if dask_graph.handles(qt.values):
+        with shim.quiet(xp):
+            return dequantize_lazy(qt, plan, scales, glob, tab, out_dtype)
     rank = len(shape)
     dims = plan.block_dims(rank)
     axis = plan.packed_axis(rank)
-    per_word = fields_per_word(plan)
     n_axis = shape[axis] if axis is not None else 0
-    chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, shim.slab_friendly(qt.values))
-
-    def decode(codes: Any, eff: Any) -> Any:
-        if tab is not None:
-            return dequantize_lookup(codes, eff, tab, plan, xp=xp)
-        if plan.value.is_float:
-            return dequantize_float(codes, eff, plan, xp=xp)
-        return dequantize_int(codes, eff, xp=xp)
-
+    chunks = row_chunks(shape, dims[0] if dims else 1, axis, fields_per_word(plan), shim.slab_friendly(qt.values))
+    steps = Steps(plan, rank)
     with shim.quiet(xp):
         eff = effective_scale(scales, glob, plan, xp=xp)
         out = Sink(len(chunks), shape, out_dtype, xp, device)
         for c in chunks:
-            rows = c.rows.stop - c.rows.start
-            codes = unpack_values(qt.values[c.stored, ...], plan, rank, rows if axis == 0 else n_axis, xp=xp)
-            if dims:
-                cb = as_blocks(pad_to_blocks(codes, dims, xp=xp, edge=False), dims, xp=xp)
-                y = from_blocks(decode(cb, grid_as_blocks(eff[c.grid, ...], xp=xp)), tuple(codes.shape), xp=xp)
-            else:
-                y = decode(codes, eff)
+            n_packed = c.rows.stop - c.rows.start if axis == 0 else n_axis
+            y = steps.decode(qt.values[c.stored, ...], eff[c.grid, ...] if dims else eff, tab, n_packed, xp=xp)
             out.put(c.rows, xp.astype(y, out_dtype, copy=False))
         return out.result

@@ -10,7 +10,8 @@ from typing import Any
 
 from array_api_compat import device as device_of
 
-from .backends import shim
+from .backends import dask_graph, shim
+from .blockwork import Steps
 from .chunks import Sink, row_chunks
 from .errors import ParamsError, ShapeError
 from .invariants import (
@@ -29,26 +30,19 @@ from .invariants import (
 from .invariants import (
     check_finite as check_data_finite,
 )
+from .kernels import compute_range as _compute_range
 from .kernels import (
-    absmax,
-    as_blocks,
     effective_scale,
-    from_blocks,
-    grid_as_blocks,
-    pad_to_blocks,
-    quantize_float,
-    quantize_int,
-    quantize_lookup,
     scales_from_absmax,
     scales_from_range,
     store_scales,
 )
-from .kernels import compute_range as _compute_range
 from .kernels import (
     round_up_scales as _round_up,
 )
+from .lazy import quantize_lazy
 from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
-from .storage import fields_per_word, pack_codes, values_layout
+from .storage import fields_per_word, values_layout
 from .tensor import QuantizedTensor
 
 __all__ = ["compute_q_params", "compute_range", "quantize", "round_up_scales"]
@@ -150,8 +144,9 @@ def quantize(
                 check_data_finite(x, xp)
     else:
         tab = check_table(table, plan, xp, device)
-    if check_finite and not readable:
-        x = shim.guard_finite(x)
+    if dask_graph.handles(x):
+        with shim.quiet(xp):
+            return quantize_lazy(x, plan, given, tab, cal, rounding, check_finite)
     with shim.quiet(xp):
         return _quantize(x, plan, given, tab, cal, rounding, check_finite, readable, shim.kernel_namespace(xp), device)
 
@@ -169,41 +164,18 @@ def _quantize(
     device: Any,
 ) -> QuantizedTensor:
     shape = tuple(int(n) for n in x.shape)
-    rank = len(shape)
-    dims = plan.block_dims(rank)
-    axis = plan.packed_axis(rank)
-    per_word = fields_per_word(plan)
+    dims = plan.block_dims(len(shape))
     chunked = shim.slab_friendly(x)
-    chunks = row_chunks(shape, dims[0] if dims else 1, axis, per_word, chunked)
+    chunks = row_chunks(shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), fields_per_word(plan), chunked)
     # input not verified finite (check off, or unreadable now): scrub NaN, calibrate on finite values
-    scrub = not (check_requested and readable)
+    steps = Steps(plan, len(shape), cal, rounding, scrub=not (check_requested and readable))
     grid = plan.grid_shape(shape)
     f32 = xp.float32
 
-    def alpha_of(xc: Any) -> Any:
-        if cal is Calibration.ABSMEAN:
-            return _compute_range(xc, dims, cal, xp=xp, finite_only=scrub)[1]
-        return absmax(xc, dims, xp=xp, finite_only=scrub)
-
     def verify(alpha: Any) -> None:
         # a non-finite range means non-finite data: find and report it before storing anything
-        if not scrub and not bool(xp.all(xp.isfinite(alpha))):
+        if not steps.scrub and not bool(xp.all(xp.isfinite(alpha))):
             check_data_finite(x, xp)
-
-    def encode(y: Any, eff: Any) -> Any:
-        if tab is not None:
-            return quantize_lookup(y, eff, tab, plan, scrub_nan=scrub, xp=xp)
-        if plan.value.is_float:
-            return quantize_float(y, eff, plan, scrub_nan=scrub, xp=xp)
-        return quantize_int(y, eff, plan, rounding=rounding, scrub_nan=scrub, xp=xp)
-
-    def codes_of(xc: Any, eff: Any) -> Any:
-        xc = xp.astype(xc, f32, copy=False)
-        if not dims:
-            return encode(xc, eff)
-        xb = as_blocks(pad_to_blocks(xc, dims, xp=xp, edge=False), dims, xp=xp)
-        q = encode(xb, grid_as_blocks(eff, xp=xp))
-        return from_blocks(q, tuple(xc.shape), xp=xp)
 
     glob = None
     stored = None
@@ -213,13 +185,13 @@ def _quantize(
         stored = store_scales(scales_in, plan, xp=xp)
     elif not fused:
         if not dims and cal is Calibration.ABSMEAN:
-            alpha = alpha_of(x)  # one fixed summation tree over the whole tensor
+            alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
         elif not dims:
-            alpha = _combine_max([alpha_of(x[c.rows, ...]) for c in chunks], xp)
+            alpha = _combine_max([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp)
         else:
             sink = Sink(len(chunks), grid, f32, xp, device)
             for c in chunks:
-                sink.put(c.grid, alpha_of(x[c.rows, ...]))
+                sink.put(c.grid, steps.alpha(x[c.rows, ...], xp=xp))
             alpha = sink.result
         verify(alpha)
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
@@ -231,7 +203,7 @@ def _quantize(
     for c in chunks:
         xc = x[c.rows, ...]
         if fused:
-            alpha_c = alpha_of(xc)
+            alpha_c = steps.alpha(xc, xp=xp)
             verify(alpha_c)
             stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp, table=tab)[0], plan, xp=xp)
             scales.put(c.grid, stored_c)
@@ -239,7 +211,7 @@ def _quantize(
             assert stored is not None
             stored_c = stored[c.grid, ...] if dims else stored
         eff = effective_scale(stored_c, glob, plan, xp=xp)
-        values.put(c.stored, pack_codes(codes_of(xc, eff), plan, xp=xp))
+        values.put(c.stored, steps.values(xc, eff, tab, xp=xp))
     if fused:
         stored = scales.result
     return QuantizedTensor(plan.scheme, shape, x.dtype, values.result, stored, glob, tab)

@@ -112,8 +112,11 @@ def check_same_place(xp: Any, device: Any, **arrays: Any) -> None:
             raise DeviceError(msg)
 
 
-def check_finite(x: Any, xp: Any, name: str = "x") -> None:
+def check_finite(x: Any, xp: Any, name: str = "x", origin: tuple[int, ...] | None = None) -> None:
     """Raise :class:`NonFiniteInputError` naming the count and first index of NaN/inf in ``x``.
+
+    With ``origin``, ``x`` is the chunk of a larger (dask) array that starts there: the message
+    counts that chunk and gives the first index in the whole array.
 
     The check runs on the values as computed, in f32: a finite float64 beyond the f32 range
     overflows there and counts as infinite. Rows are checked a slab at a time, so the masks stay
@@ -134,8 +137,13 @@ def check_finite(x: Any, xp: Any, name: str = "x") -> None:
             count += int(xp.sum(xp.astype(bad, xp.int32), dtype=xp.int32))
     if count:
         what = "beyond the float32 range" if overflow else "non-finite"
+        at = _unravel(first, shape)
+        where = ""
+        if origin is not None:
+            at = tuple(o + i for o, i in zip(origin, at, strict=True))
+            where = f" in its chunk starting at {tuple(origin)}, found when the dask graph ran"
         msg = (
-            f"{name} has {count} {what} element(s) (first at index {_unravel(first, shape)}: {value}); "
+            f"{name} has {count} {what} element(s){where} (first at index {at}: {value}); "
             "quantization computes in float32, so clean or rescale the data (e.g. "
             "xp.where(xp.isfinite(x), x, 0)) or pass check_finite=False to saturate infinities and map NaN to code 0"
         )

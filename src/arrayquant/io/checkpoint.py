@@ -23,7 +23,7 @@ from typing import Any
 import array_api_compat as compat
 import numpy as np
 
-from ..backends import default, shim
+from ..backends import dask_graph, default, shim
 from ..errors import (
     BackendUnavailableError,
     CorruptDataError,
@@ -87,17 +87,40 @@ def _entry(raw: bytes, header_dtype: str, shape: tuple[int, ...]) -> tuple[bytes
     return raw, header_dtype, list(shape)
 
 
+def _header_kind(name: str, dtype: Any) -> str:
+    """The safetensors header dtype for arrays of ``dtype``."""
+    kind = dtype_name(dtype)
+    for header, (_, spec_name) in _PLAIN.items():
+        if spec_name == kind:
+            return header
+    msg = f"tensor {name!r} has dtype {dtype}, which a safetensors checkpoint cannot hold"
+    raise DTypeError(msg)
+
+
+def _raw(host: np.ndarray, header: str) -> np.ndarray:
+    """A host array in the little-endian raw dtype of ``header`` (no copy where it already is one)."""
+    raw_dtype = _PLAIN[header][0]
+    data = host.view(raw_dtype) if host.dtype.itemsize == np.dtype(raw_dtype).itemsize else host
+    return np.ascontiguousarray(data).astype(raw_dtype, copy=False).reshape(host.shape)
+
+
 def _plain_array(name: str, arr: Any) -> tuple[np.ndarray, str]:
-    """The host array in its little-endian raw dtype (no copy where it already is one) and its header dtype."""
+    """The host array in its little-endian raw dtype and its header dtype."""
     raw = np.asarray(shim.to_host(arr))
     host = np.ascontiguousarray(raw).reshape(raw.shape)  # keeps 0-d arrays 0-d
-    kind = dtype_name(host.dtype)
-    for header, (raw_dtype, spec_name) in _PLAIN.items():
-        if spec_name == kind:
-            data = host.view(raw_dtype) if host.dtype.itemsize == np.dtype(raw_dtype).itemsize else host
-            return np.ascontiguousarray(data).astype(raw_dtype, copy=False).reshape(host.shape), header
-    msg = f"tensor {name!r} has dtype {host.dtype}, which a safetensors checkpoint cannot hold"
-    raise DTypeError(msg)
+    header = _header_kind(name, host.dtype)
+    return _raw(host, header), header
+
+
+class _PlainCodec:
+    """A chunk of a plain lazy array as raw little-endian bytes."""
+
+    def __init__(self, header: str) -> None:
+        self.header = header
+
+    def __call__(self, block: Any) -> bytes:
+        host = np.asarray(shim.to_host(block))
+        return _raw(np.ascontiguousarray(host).reshape(host.shape), self.header).tobytes()
 
 
 def _plain_entry(name: str, arr: Any) -> tuple[bytes, str, list[int]]:
@@ -105,7 +128,8 @@ def _plain_entry(name: str, arr: Any) -> tuple[bytes, str, list[int]]:
     return _entry(data.tobytes(), header, data.shape)
 
 
-def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[bytes, str, list[int]]]:
+def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[Any, str, list[int]]]:
+    """Each stored array of ``qt`` as ``(data, header dtype, shape)``: bytes, or a :class:`_Lazy` source."""
     plan = plan_for(qt.scheme)
     shape = check_shape(qt.shape, f"{name}.shape")
     xp = compat.array_namespace(qt.values)
@@ -114,19 +138,92 @@ def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[bytes,
     )
     check_values(qt.values, plan, shape, xp, f"{name}.values")
     vshape, vdtype = values_layout(plan, shape)
-    values = np.ascontiguousarray(shim.to_host(qt.values))
     grid = plan.grid_shape(shape)
-    out = {
-        name: _entry(values.astype(np.dtype(vdtype).newbyteorder("<")).tobytes(), _VALUE_DTYPES[vdtype], vshape),
-        name + ".scales": _entry(
-            encode_scales(shim.to_host(scales), plan.scale_dtype), _SCALE_DTYPES[plan.scale_dtype], grid
-        ),
-    }
+    raw_values = np.dtype(vdtype).newbyteorder("<")
+    if dask_graph.handles(qt.values):
+        # lazy: everything but the values and block scales is small; compute it in one first pass
+        small = [glob, tab] + ([] if plan.block is not None else [scales])
+        (values, scales), found = dask_graph.resolve([qt.values, scales], small)
+        glob, tab = found[0], found[1]
+        if plan.block is None:
+            scales = found[2]
+        out: dict[str, tuple[Any, str, list[int]]] = {
+            name: (_Lazy(values, raw_values.itemsize, _ValuesCodec(raw_values)), _VALUE_DTYPES[vdtype], list(vshape))
+        }
+    else:
+        values = np.ascontiguousarray(shim.to_host(qt.values))
+        out = {name: _entry(values.astype(raw_values).tobytes(), _VALUE_DTYPES[vdtype], vshape)}
+    header = _SCALE_DTYPES[plan.scale_dtype]
+    if dask_graph.handles(scales):
+        out[name + ".scales"] = (
+            _Lazy(scales, plan.scale_dtype.nbytes, _ScalesCodec(plan.scale_dtype)),
+            header,
+            list(grid),
+        )
+    else:
+        out[name + ".scales"] = _entry(encode_scales(shim.to_host(scales), plan.scale_dtype), header, grid)
     if glob is not None:
         out[name + ".global_scale"] = _entry(np.asarray(shim.to_host(glob), "<f4").tobytes(), "F32", (1,))
     if tab is not None:
         out[name + ".table"] = _entry(np.asarray(shim.to_host(tab), "<f4").tobytes(), "F32", tuple(tab.shape))
     return out
+
+
+class _ValuesCodec:
+    """Stored values of a chunk as little-endian bytes (a class, so dask workers can receive it)."""
+
+    def __init__(self, dtype: np.dtype[Any]) -> None:
+        self.dtype = dtype
+
+    def __call__(self, block: Any) -> bytes:
+        return np.ascontiguousarray(shim.to_host(block)).astype(self.dtype).tobytes()
+
+
+class _ScalesCodec:
+    """Stored scales of a chunk in the scale dtype's bytes."""
+
+    def __init__(self, dtype: ScaleDtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, block: Any) -> bytes:
+        return encode_scales(shim.to_host(block), self.dtype)
+
+
+class _Lazy:
+    """A lazy array to be written chunk by chunk: the array, bytes per element, and its encoder."""
+
+    def __init__(self, array: Any, itemsize: int, encode: Any) -> None:
+        self.array, self.itemsize, self.encode = array, itemsize, encode
+
+    def __len__(self) -> int:
+        return math.prod(int(n) for n in self.array.shape) * self.itemsize
+
+
+def _is_lazy(item: Any) -> bool:
+    if isinstance(item, QuantizedTensor):
+        return dask_graph.handles(item.values) or dask_graph.handles(item.scales)
+    return dask_graph.handles(item)
+
+
+def _write(path: str, start: int, parts: dict[str, tuple[Any, str, list[int]]]) -> int:
+    """Write ``parts`` back to back from byte ``start`` of ``path``; lazy parts chunk by chunk."""
+    sources, targets = [], []
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        at = start
+        for data, _, shape in parts.values():
+            if isinstance(data, _Lazy):
+                sources.append(data.array)
+                targets.append(dask_graph.ChunkTarget(path, at, tuple(shape), data.itemsize, data.encode))
+            else:
+                buf: Any = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data
+                os.pwrite(fd, buf, at)
+            at += len(data) if not isinstance(data, np.ndarray) else data.nbytes
+    finally:
+        os.close(fd)
+    if sources:
+        dask_graph.store(sources, targets)
+    return at
 
 
 def _check_name(name: object) -> None:
@@ -150,6 +247,9 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     >>> aq.to_bytes(loaded["w"]) == aq.to_bytes(qt), loaded["bias"].shape
     (True, (4,))
     """
+    if any(_is_lazy(item) for item in tensors.values()):
+        _save_lazy(path, tensors)
+        return
     st = _safetensors()
     entries: dict[str, tuple[bytes, str, list[int]]] = {}
     metadata = {_FORMAT_KEY: FORMAT_VERSION}
@@ -218,52 +318,85 @@ def save_stream(
     header: dict[str, Any] = {}
     target = Path(path)
     folder = target.parent or Path(".")
-    spool = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 - closed in the finally below
-    tmp: str | None = None
+    # named, so lazy tensors can be written into it chunk by chunk (by dask workers too)
+    spool = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".spool")  # noqa: SIM115
     try:
         offset = 0
         for name, item in items:
-            _check_name(name)
-            if isinstance(item, QuantizedTensor):
-                parts: dict[str, tuple[Any, str, list[int]]] = dict(_quantized_entries(name, item))
-                meta[_TENSOR_KEY + name] = _describe(item)
-            else:
-                data, kind = _plain_array(name, item)
-                parts = {name: (data, kind, list(data.shape))}
+            parts = _parts(name, item, meta)
             clash = set(parts) & set(header)
             if clash:
                 msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
                 raise ShapeError(msg)
-            for key, (raw, kind, shape) in parts.items():
-                buf = raw.reshape(-1).view(np.uint8).data if isinstance(raw, np.ndarray) else raw
-                spool.write(buf)
-                header[key] = {
-                    "dtype": kind,
-                    "shape": [int(n) for n in shape],
-                    "data_offsets": [offset, offset + len(buf)],
-                }
-                offset += len(buf)
+            header.update(_layout(parts, offset))
+            offset = _write(spool.name, offset, parts)
             del parts, item
-        text = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
-        text += b" " * (-len(text) % 8)  # pad as safetensors does, so the data starts 8-aligned
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        spool.seek(0)
+        _publish(target, _header_bytes(meta, header), lambda f, _: shutil.copyfileobj(spool, f, 1 << 20))
+    finally:
+        spool.close()
+
+
+def _parts(name: str, item: Any, meta: dict[str, str]) -> dict[str, tuple[Any, str, list[int]]]:
+    """The entries of one named item; a quantized tensor also describes itself in ``meta``."""
+    _check_name(name)
+    if isinstance(item, QuantizedTensor):
+        meta[_TENSOR_KEY + name] = _describe(item)
+        return _quantized_entries(name, item)
+    if dask_graph.handles(item):
+        kind = _header_kind(name, item.dtype)
+        return {name: (_Lazy(item, np.dtype(_PLAIN[kind][0]).itemsize, _PlainCodec(kind)), kind, list(item.shape))}
+    data, kind = _plain_array(name, item)
+    return {name: (data, kind, list(data.shape))}
+
+
+def _layout(parts: dict[str, tuple[Any, str, list[int]]], offset: int) -> dict[str, Any]:
+    out = {}
+    for key, (data, kind, shape) in parts.items():
+        size = data.nbytes if isinstance(data, np.ndarray) else len(data)
+        out[key] = {"dtype": kind, "shape": [int(n) for n in shape], "data_offsets": [offset, offset + size]}
+        offset += size
+    return out
+
+
+def _header_bytes(meta: dict[str, str], header: dict[str, Any]) -> bytes:
+    text = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # pad as safetensors does, so the data starts 8-aligned
+    return len(text).to_bytes(8, "little") + text
+
+
+def _publish(target: Path, head: bytes, fill: Any) -> None:
+    """Write ``head``, then ``fill(file, its path)``, to a temporary file renamed over the target at the end."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
         umask = os.umask(0o22)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
-            f.write(len(text).to_bytes(8, "little"))
-            f.write(text)
-            spool.seek(0)
-            shutil.copyfileobj(spool, f, 1 << 20)
+            f.write(head)
+            f.flush()
+            fill(f, tmp)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
-    finally:
-        spool.close()
+
+
+def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
+    """:func:`save` with lazy tensors: the header first (sizes need no data), then chunk by chunk."""
+    meta = {_FORMAT_KEY: FORMAT_VERSION}
+    everything: dict[str, tuple[Any, str, list[int]]] = {}
+    for name, item in tensors.items():
+        parts = _parts(name, item, meta)
+        clash = set(parts) & set(everything)
+        if clash:
+            msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
+            raise ShapeError(msg)
+        everything.update(parts)
+    head = _header_bytes(meta, _layout(everything, 0))
+    _publish(Path(path), head, lambda _, tmp: _write(tmp, len(head), everything))
 
 
 def _blame(header: dict[str, Any]) -> str:

@@ -11,7 +11,15 @@ from ..scheme import F32_TINY, ScaleDtype
 from .minifloat import FORMATS
 from .roundup import round_up_scales
 
-__all__ = ["effective_scale", "scales_from_absmax", "scales_from_range", "store_scales"]
+__all__ = [
+    "block_scales",
+    "effective_scale",
+    "global_scale",
+    "normalise_scales",
+    "scales_from_absmax",
+    "scales_from_range",
+    "store_scales",
+]
 
 
 def scales_from_absmax(alpha: Any, plan: Plan, *, xp: Any, table: Any = None) -> tuple[Any, Any]:
@@ -19,21 +27,36 @@ def scales_from_absmax(alpha: Any, plan: Plan, *, xp: Any, table: Any = None) ->
 
     In lookup mode ``alpha`` maps to the table's largest magnitude: ``s = alpha / max|table|``.
     """
-    dev = device_of(alpha)
     if plan.scheme.scale_rule == "ocp":
         return _ocp_scales(alpha, plan, xp=xp), None
-    if table is not None:
-        s = xp.divide(alpha, xp.max(xp.abs(table)))
-    else:
-        two = xp.asarray(2.0, dtype=xp.float32, device=dev)
-        span = xp.asarray(plan.value.span, dtype=xp.float32, device=dev)
-        s = xp.divide(xp.multiply(alpha, two), span)  # multiply first, then divide, as Burn does
+    s = block_scales(alpha, plan, xp=xp, table=table)
     if not plan.two_level:
         return s, None
+    g = global_scale(xp.reshape(xp.max(s), (1,)), plan, xp=xp)
+    return normalise_scales(s, g, xp=xp), g
+
+
+def block_scales(alpha: Any, plan: Plan, *, xp: Any, table: Any = None) -> Any:
+    """One-level scales ``2 * alpha / (b - a)`` (or ``alpha / max|table|``), before two-level normalisation."""
+    if table is not None:
+        return xp.divide(alpha, xp.max(xp.abs(table)))
+    dev = device_of(alpha)
+    two = xp.asarray(2.0, dtype=xp.float32, device=dev)
+    span = xp.asarray(plan.value.span, dtype=xp.float32, device=dev)
+    return xp.divide(xp.multiply(alpha, two), span)  # multiply first, then divide, as Burn does
+
+
+def global_scale(s_max: Any, plan: Plan, *, xp: Any) -> Any:
+    """The ``(1,)`` two-level per-tensor scale from the largest block scale: block scales then fit their dtype."""
+    dev = device_of(s_max)
     block_max = xp.asarray(plan.scale_dtype.max, dtype=xp.float32, device=dev)
-    g = xp.divide(xp.reshape(xp.max(s), (1,)), block_max)
-    g = xp.maximum(g, xp.asarray(F32_TINY, dtype=xp.float32, device=dev))
-    return xp.divide(s, xp.reshape(g, (1,) * s.ndim)), g
+    g = xp.divide(s_max, block_max)
+    return xp.maximum(g, xp.asarray(F32_TINY, dtype=xp.float32, device=dev))
+
+
+def normalise_scales(s: Any, g: Any, *, xp: Any) -> Any:
+    """Block scales relative to the two-level global ``g``."""
+    return xp.divide(s, xp.reshape(g, (1,) * s.ndim))
 
 
 def _ocp_scales(alpha: Any, plan: Plan, *, xp: Any) -> Any:

@@ -1,0 +1,94 @@
+"""The per-chunk steps of (de)quantization, shared by the eager row-slab driver and the dask graph.
+
+A chunk here is any part of the data cut at whole blocks (and whole packed words along the packed
+axis): calibrating it, encoding it with its scales and decoding it never look outside it, so the
+same steps serve a slab of a NumPy array and one task of a dask graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .invariants import Plan
+from .kernels import (
+    absmax,
+    as_blocks,
+    compute_range,
+    dequantize_float,
+    dequantize_int,
+    dequantize_lookup,
+    from_blocks,
+    grid_as_blocks,
+    pad_to_blocks,
+    quantize_float,
+    quantize_int,
+    quantize_lookup,
+)
+from .scheme import Calibration
+from .storage import pack_codes, unpack_values
+
+__all__ = ["Steps"]
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How to calibrate, encode and decode chunks of rank-``rank`` data under ``plan``.
+
+    ``scrub`` marks input not verified finite: calibration then skips NaN/inf and encoding maps
+    NaN to code 0. ``table`` is the lookup table of a lookup scheme (else None).
+    """
+
+    plan: Plan
+    rank: int
+    calibration: Calibration = Calibration.MINMAX
+    rounding: str = "half_even"
+    scrub: bool = False
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return self.plan.block_dims(self.rank)
+
+    def alpha(self, xc: Any, *, xp: Any) -> Any:
+        """``max|x|`` (or the AbsMean range) per block of the chunk: its part of the scale grid."""
+        if self.calibration is Calibration.ABSMEAN:
+            return compute_range(xc, self.dims, self.calibration, xp=xp, finite_only=self.scrub)[1]
+        return absmax(xc, self.dims, xp=xp, finite_only=self.scrub)
+
+    def codes(self, xc: Any, eff: Any, table: Any, *, xp: Any) -> Any:
+        """Codes of the chunk under effective scales ``eff`` (its part of the grid, or ``(1,)``)."""
+        xc = xp.astype(xc, xp.float32, copy=False)
+        dims = self.dims
+        if not dims:
+            return self._encode(xc, eff, table, xp=xp)
+        xb = as_blocks(pad_to_blocks(xc, dims, xp=xp, edge=False), dims, xp=xp)
+        q = self._encode(xb, grid_as_blocks(eff, xp=xp), table, xp=xp)
+        return from_blocks(q, tuple(xc.shape), xp=xp)
+
+    def values(self, xc: Any, eff: Any, table: Any, *, xp: Any) -> Any:
+        """The chunk's codes in the scheme's storage form."""
+        return pack_codes(self.codes(xc, eff, table, xp=xp), self.plan, xp=xp)
+
+    def decode(self, values: Any, eff: Any, table: Any, n_packed: int, *, xp: Any) -> Any:
+        """f32 values of a chunk of stored values; ``n_packed`` is its unpadded packed-axis length."""
+        codes = unpack_values(values, self.plan, self.rank, n_packed, xp=xp)
+        dims = self.dims
+        if not dims:
+            return self._decode(codes, eff, table, xp=xp)
+        cb = as_blocks(pad_to_blocks(codes, dims, xp=xp, edge=False), dims, xp=xp)
+        return from_blocks(self._decode(cb, grid_as_blocks(eff, xp=xp), table, xp=xp), tuple(codes.shape), xp=xp)
+
+    def _encode(self, y: Any, eff: Any, table: Any, *, xp: Any) -> Any:
+        plan = self.plan
+        if table is not None:
+            return quantize_lookup(y, eff, table, plan, scrub_nan=self.scrub, xp=xp)
+        if plan.value.is_float:
+            return quantize_float(y, eff, plan, scrub_nan=self.scrub, xp=xp)
+        return quantize_int(y, eff, plan, rounding=self.rounding, scrub_nan=self.scrub, xp=xp)
+
+    def _decode(self, codes: Any, eff: Any, table: Any, *, xp: Any) -> Any:
+        if table is not None:
+            return dequantize_lookup(codes, eff, table, self.plan, xp=xp)
+        if self.plan.value.is_float:
+            return dequantize_float(codes, eff, self.plan, xp=xp)
+        return dequantize_int(codes, eff, xp=xp)

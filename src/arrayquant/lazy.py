@@ -1,0 +1,211 @@
+"""Quantization as a dask graph: one task per chunk, chunks cut at whole blocks and whole words.
+
+``aq.quantize`` on a dask array lands here after the invariant layer: the input is rechunked once
+so that no block and no packed word straddles a chunk, then every chunk is calibrated, scaled,
+encoded and packed by the same :class:`~arrayquant.blockwork.Steps` as the eager path. A global
+quantity (the per-tensor scale, the two-level global) is a tree reduction over the chunks' scales.
+Nothing is computed until the caller asks; ``aq.save`` writes the result chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import array_api_compat as compat
+
+from .backends import dask_graph, shim
+from .blockwork import Steps
+from .invariants import Plan
+from .invariants import check_finite as check_data_finite
+from .kernels import (
+    block_scales,
+    effective_scale,
+    global_scale,
+    normalise_scales,
+    scales_from_absmax,
+    store_scales,
+)
+from .scheme import Calibration
+from .storage import fields_per_word, values_layout
+from .tensor import QuantizedTensor
+
+__all__ = ["dequantize_lazy", "quantize_lazy"]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Chunk sizes of the data, its scale grid and its stored values, all with the same chunk count."""
+
+    data: tuple[tuple[int, ...], ...]
+    grid: tuple[tuple[int, ...], ...]
+    values: tuple[tuple[int, ...], ...]
+
+
+def _units(plan: Plan, rank: int) -> list[int]:
+    dims = plan.block_dims(rank)
+    units = list(dims) if dims else [1] * rank
+    axis = plan.packed_axis(rank)
+    if axis is not None:
+        units[axis] = math.lcm(units[axis], fields_per_word(plan))
+    return units
+
+
+def _layout(plan: Plan, data: tuple[tuple[int, ...], ...]) -> _Layout:
+    rank = len(data)
+    dims = plan.block_dims(rank)
+    axis = plan.packed_axis(rank)
+    per_word = fields_per_word(plan)
+    grid = tuple(tuple(-(-n // d) for n in sizes) for sizes, d in zip(data, dims, strict=True)) if dims else ((1,),)
+    values = tuple(tuple(-(-n // per_word) for n in sizes) if a == axis else sizes for a, sizes in enumerate(data))
+    return _Layout(data, grid, values)
+
+
+def _origin(chunks: tuple[tuple[int, ...], ...], block_id: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(dask_graph.offsets(sizes)[i] for sizes, i in zip(chunks, block_id, strict=True))
+
+
+def _ns(a: Any) -> Any:
+    return shim.kernel_namespace(compat.array_namespace(a))
+
+
+class _Chunked:
+    """The chunk functions of one quantization; plain data, so they travel to dask workers."""
+
+    def __init__(self, steps: Steps, check: bool, data: tuple[tuple[int, ...], ...]) -> None:
+        self.steps, self.check, self.data = steps, check, data
+
+    def _verify(self, xc: Any, alpha: Any, xp: Any, block_id: tuple[int, ...]) -> None:
+        if self.check and not bool(xp.all(xp.isfinite(alpha))):
+            check_data_finite(xc, xp, origin=_origin(self.data, block_id))
+
+    def checked(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """The chunk itself, once verified finite."""
+        check_data_finite(xc, _ns(xc), origin=_origin(self.data, block_id))
+        return xc
+
+    def alpha(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor partial: ``max|x|`` of the chunk, shaped ``(1,) * rank``."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            alpha = self.steps.alpha(xc, xp=xp)
+            self._verify(xc, alpha, xp, block_id)
+            return xp.reshape(alpha, (1,) * xc.ndim)
+
+    def scales(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """One-level block scales of the chunk, as stored."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            alpha = self.steps.alpha(xc, xp=xp)
+            self._verify(xc, alpha, xp, block_id)
+            s, _ = scales_from_absmax(alpha, self.steps.plan, xp=xp, table=table)
+            return store_scales(s, self.steps.plan, xp=xp)
+
+    def raw_scales(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Two-level: the chunk's block scales before normalisation by the global."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            alpha = self.steps.alpha(xc, xp=xp)
+            self._verify(xc, alpha, xp, block_id)
+            return block_scales(alpha, self.steps.plan, xp=xp, table=table)
+
+    def normalised(self, s: Any, glob: Any) -> Any:
+        """Two-level: block scales relative to the global, as stored."""
+        xp = _ns(s)
+        with shim.quiet(xp):
+            return store_scales(normalise_scales(s, glob, xp=xp), self.steps.plan, xp=xp)
+
+    def values(self, xc: Any, stored: Any, glob: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """The chunk's stored values; checks finiteness itself when no calibration did."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            if self.check:
+                check_data_finite(xc, xp, origin=_origin(self.data, block_id))
+            eff = effective_scale(stored, glob, self.steps.plan, xp=xp)
+            return self.steps.values(xc, eff, table, xp=xp)
+
+
+def quantize_lazy(
+    x: Any,
+    plan: Plan,
+    given: Any,
+    tab: Any,
+    cal: Calibration,
+    rounding: str,
+    check: bool,
+) -> QuantizedTensor:
+    """Quantize the dask array ``x`` (already validated) into a lazy :class:`QuantizedTensor`."""
+    xp = shim.kernel_namespace(compat.array_namespace(x))
+    shape = tuple(int(n) for n in x.shape)
+    rank = len(shape)
+    dims = plan.block_dims(rank)
+    x = dask_graph.rechunk(x, dask_graph.aligned(x.chunks, _units(plan, rank)))
+    layout = _layout(plan, tuple(x.chunks))
+    f32 = xp.float32
+    vdtype = getattr(xp, values_layout(plan, shape)[1])
+    steps = Steps(plan, rank, cal, rounding, scrub=not check)
+    # chunk functions see finite data when checking, so they need not scrub
+    chunked = _Chunked(steps, check, layout.data)
+    glob = None
+    verified = False  # whether a calibration task already checked each chunk
+    if given is not None:
+        scales_in, glob, _ = given
+        stored = store_scales(xp.astype(scales_in, f32), plan, xp=xp)
+        if dims:
+            stored = dask_graph.rechunk(stored, layout.grid)
+    elif dims and not plan.two_level:
+        stored = dask_graph.map_chunks(chunked.scales, [x], [tab], layout.grid, f32)
+        verified = True
+    elif dims:
+        raw = dask_graph.map_chunks(chunked.raw_scales, [x], [tab], layout.grid, f32)
+        glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)
+        stored = dask_graph.map_chunks(chunked.normalised, [raw], [glob], layout.grid, f32)
+        verified = True
+    else:
+        if cal is Calibration.ABSMEAN:
+            if check:
+                x = dask_graph.map_chunks(chunked.checked, [x], [], layout.data, x.dtype)
+            alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
+        else:
+            parts = dask_graph.map_chunks(chunked.alpha, [x], [], tuple((1,) * len(c) for c in layout.data), f32)
+            alpha = xp.reshape(xp.max(parts), (1,))
+        s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
+        stored = store_scales(s, plan, xp=xp)
+        verified = True
+    values_fn = chunked.values if not verified else _Chunked(steps, False, layout.data).values
+    if dims:
+        values = dask_graph.map_chunks(values_fn, [x, stored], [glob, tab], layout.values, vdtype)
+    else:
+        values = dask_graph.map_chunks(values_fn, [x], [stored, glob, tab], layout.values, vdtype)
+    return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, glob, tab)
+
+
+def dequantize_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, glob: Any, tab: Any, out_dtype: Any) -> Any:
+    """The float dask array a lazy (validated) quantized tensor stands for."""
+    shape = qt.shape
+    rank = len(shape)
+    dims = plan.block_dims(rank)
+    axis = plan.packed_axis(rank)
+    per_word = fields_per_word(plan)
+    data = list(qt.values.chunks)
+    if axis is not None:  # words back to fields: every chunk but the last holds whole words
+        words = data[axis]
+        data[axis] = (*(n * per_word for n in words[:-1]), shape[axis] - per_word * sum(words[:-1]))
+    layout = _layout(plan, dask_graph.aligned(tuple(data), _units(plan, rank)))
+    values = dask_graph.rechunk(qt.values, layout.values)
+    steps = Steps(plan, rank)
+
+    def decode(v: Any, *rest: Any, block_id: tuple[int, ...] = ()) -> Any:
+        xp = _ns(v)
+        stored, g, t = rest
+        n_packed = layout.data[axis][block_id[axis]] if axis is not None else 0
+        with shim.quiet(xp):
+            eff = effective_scale(stored, g, plan, xp=xp)
+            return xp.astype(steps.decode(v, eff, t, n_packed, xp=xp), out_dtype, copy=False)
+
+    if dims:
+        return dask_graph.map_chunks(
+            decode, [values, dask_graph.rechunk(scales, layout.grid)], [glob, tab], layout.data, out_dtype
+        )
+    return dask_graph.map_chunks(decode, [values], [scales, glob, tab], layout.data, out_dtype)

@@ -14,7 +14,10 @@ __all__ = ["asarray"]
 def asarray(obj: Any, *, backend: str | None = None, device: Any = None) -> Any:
     """``obj`` as an array of ``backend`` (default: ``aq.backends.default()``) on ``device``.
 
-    An array already of that backend stays where it is unless ``device`` is given.
+    An array already of that backend stays where it is unless ``device`` is given. Arrays of
+    another library cross by DLPack: without a copy on the same device where both libraries may
+    share memory, by one explicit copy between the host and a GPU (see the guide, "Devices and
+    hand-off between libraries").
 
     >>> import arrayquant as aq
     >>> aq.asarray([1.0, 2.0], backend="array_api_strict", device="device1").device

@@ -51,7 +51,10 @@ class QuantizedTensor:
         return unpack(self.values, self.scheme, self.shape)
 
     def to_backend(self, name: str, device: Any = None) -> QuantizedTensor:
-        """The same tensor, bit for bit, as arrays of backend ``name``."""
+        """The same tensor, bit for bit, as arrays of backend ``name`` (handed over by DLPack).
+
+        Without ``device`` the arrays stay on their device when ``name`` can hold them there.
+        """
         move = lambda a: None if a is None else shim.convert(a, name, device)
         xp = namespace(name)
         return replace(

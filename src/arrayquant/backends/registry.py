@@ -60,7 +60,8 @@ def _devices(name: str) -> tuple[str, ...]:
     if name == "jax":
         import jax
 
-        return tuple(f"cuda:{d.id}" if d.platform == "gpu" else d.platform for d in jax.devices())
+        # jax.devices() lists the default platform only; the host is always there as well
+        return ("cpu", *tuple(f"cuda:{d.id}" for d in jax.devices() if d.platform == "gpu"))
     if name == "array_api_strict":
         import array_api_strict
 

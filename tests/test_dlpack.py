@@ -250,6 +250,31 @@ def test_devices_of_other_libraries_are_read_by_name() -> None:
     assert t.device == torch.device("cpu")
 
 
+def test_a_device_the_target_cannot_hold_is_left_through_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU array going to a library without that GPU (CuPy to NumPy, or to a CPU-only JAX) is
+    # copied off the device once, explicitly; simulated here by a torch tensor claiming cuda:7
+    torch = pytest.importorskip("torch")
+    usable("jax")
+    real_place, real_host = shim._place, shim.to_host
+    monkeypatch.setattr(shim, "_place", lambda a: "cuda:7" if shim.backend_name(a) == "torch" else real_place(a))
+    seen: list[str] = []
+    monkeypatch.setattr(shim, "to_host", lambda a: seen.append(shim.backend_name(a)) or real_host(a))
+    t = torch.arange(6, dtype=torch.int32).view(torch.uint32)
+    moved = aq.asarray(t, backend="jax")
+    assert seen == ["torch"]
+    assert shim.backend_name(moved) == "jax"
+    monkeypatch.undo()
+    same_bits(shim.to_host(moved), np.arange(6, dtype=np.uint32))
+
+
+def test_unusable_cupy_is_named_when_asked_for_a_gpu() -> None:
+    info = registry.probe("cupy")
+    if info.usable:
+        pytest.skip("a GPU is usable here")
+    with pytest.raises(aq.BackendUnavailableError, match=r"^cupy is (not installed|installed but unusable)"):
+        aq.asarray(np.ones(2, np.float32), backend="cupy", device="cuda:1")
+
+
 def test_jax_lists_its_host_device() -> None:
     usable("jax")
     assert registry.probe("jax").devices[0] == "cpu"

@@ -100,7 +100,8 @@ def map_chunks(
         args.append(a)
     meta = da.utils.meta_from_array(blocked[0]._meta, ndim=rank, dtype=dtype)
     call = _Call(fn, len(blocked), shapes, has_keyword(fn, "block_id"))
-    return da.map_blocks(call, *blocked, *args, chunks=chunks, dtype=dtype, meta=meta)
+    token = "aq-" + getattr(fn, "__name__", "chunks")  # names the graph's layer, e.g. aq-values
+    return da.map_blocks(call, *blocked, *args, chunks=chunks, dtype=dtype, meta=meta, token=token)
 
 
 def rechunk(a: Any, chunks: Chunks) -> Any:

@@ -62,6 +62,9 @@ class BlockSize:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("BlockSize is immutable")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (BlockSize, (self._dims,))  # pickles rebuild through __init__ (dask workers receive schemes)
+
     @property
     def dims(self) -> tuple[int, ...]:
         """The canonical extents (no leading 1s)."""

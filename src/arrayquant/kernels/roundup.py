@@ -7,6 +7,7 @@ No ``log2`` or ``pow``: those are wrong for thousands of f32 inputs.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from array_api_compat import device as device_of
@@ -16,7 +17,8 @@ from ..scheme import ScaleDtype
 __all__ = ["round_up_scales"]
 
 
-def _pow2_tables(dtype: ScaleDtype) -> tuple[list[float], list[float], list[float]]:
+@functools.cache  # why: built in Python for every row slab otherwise
+def _pow2_tables(dtype: ScaleDtype) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     g = dtype.grid
     thresholds = [2.0**e for e in range(g.emin + 1, g.emax + 1)]
     # j binades above emin scale by 2^(mbits - emin - j); split in two factors so that each
@@ -26,7 +28,7 @@ def _pow2_tables(dtype: ScaleDtype) -> tuple[list[float], list[float], list[floa
         k = g.mbits - g.emin - j
         up_a.append(2.0 ** -(-k // 2))
         up_b.append(2.0 ** (k // 2))
-    return thresholds, up_a, up_b
+    return thresholds, up_a, up_b, [1.0 / v for v in up_a], [1.0 / v for v in up_b]
 
 
 def round_up_scales(s: Any, dtype: ScaleDtype, *, xp: Any) -> Any:
@@ -42,15 +44,15 @@ def round_up_scales(s: Any, dtype: ScaleDtype, *, xp: Any) -> Any:
         return xp.add(s, xp.asarray(0.0, dtype=s.dtype, device=dev))  # -0.0 -> +0.0
     g = dtype.grid
     shape = tuple(s.shape)
-    thresholds, up_a, up_b = _pow2_tables(dtype)
+    thresholds, up_a, up_b, inv_a, inv_b = _pow2_tables(dtype)
     f32 = xp.float32
     a = xp.minimum(xp.reshape(s, (-1,)), xp.asarray(g.max, dtype=f32, device=dev))
     j = xp.searchsorted(xp.asarray(thresholds, dtype=f32, device=dev), a, side="right")
     pa = xp.take(xp.asarray(up_a, dtype=f32, device=dev), j)
     pb = xp.take(xp.asarray(up_b, dtype=f32, device=dev), j)
     n = xp.ceil(xp.multiply(xp.multiply(a, pa), pb))
-    down_a = xp.asarray([1.0 / v for v in up_a], dtype=f32, device=dev)
-    down_b = xp.asarray([1.0 / v for v in up_b], dtype=f32, device=dev)
+    down_a = xp.asarray(inv_a, dtype=f32, device=dev)
+    down_b = xp.asarray(inv_b, dtype=f32, device=dev)
     r = xp.multiply(xp.multiply(n, xp.take(down_a, j)), xp.take(down_b, j))
     r = xp.minimum(r, xp.asarray(g.max, dtype=f32, device=dev))
     if g.floor > 0:

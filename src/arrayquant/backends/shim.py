@@ -1,8 +1,8 @@
-"""The backend shim: the only place, with the registry, that names an array library.
+"""The backend shim: with the registry (and ``dask_graph`` for dask's graphs), the only place that names an array library.
 
 Each capability dispatches on ``array_api_compat.is_*`` checks and falls back to standard-only
 code: reinterpreting bytes as uint32 words, device strings, host transfer, floating-point
-warnings, writeability, and the lazy finiteness guard of dask.
+warnings and writeability.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import array_api_compat as compat
 import numpy as np
 
-from ..errors import DeviceError, DTypeError, NonFiniteInputError
+from ..errors import DeviceError, DTypeError
 from .registry import get, namespace
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "convert",
     "device_name",
     "flushes_subnormals",
-    "guard_finite",
     "kernel_namespace",
     "native_device",
     "quiet",
@@ -399,25 +398,6 @@ def quiet(xp: Any) -> Iterator[None]:
             yield
     else:
         yield
-
-
-def _check_chunk(block: np.ndarray) -> np.ndarray:
-    if not np.isfinite(block).all():
-        count = int(np.size(block) - np.count_nonzero(np.isfinite(block)))
-        msg = (
-            f"x has {count} non-finite element(s) in one chunk (found when the dask graph ran); "
-            "clean the data or quantize with check_finite=False"
-        )
-        raise NonFiniteInputError(msg)
-    return block
-
-
-def guard_finite(x: Any) -> Any:
-    """For lazy dask input: the same array, raising when computed if it holds NaN/inf."""
-    if compat.is_dask_array(x):
-        lazy: Any = x
-        return lazy.map_blocks(_check_chunk, dtype=x.dtype)
-    return x
 
 
 class _ExactDivision:

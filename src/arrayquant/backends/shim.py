@@ -1,4 +1,4 @@
-"""The backend shim: with the registry (and ``dask_graph`` for dask's graphs), the only place that names an array library.
+"""The backend shim: with the registry and ``dask_graph``, the only place that names an array library.
 
 Each capability dispatches on ``array_api_compat.is_*`` checks and falls back to standard-only
 code: reinterpreting bytes as uint32 words, device strings, host transfer, floating-point

@@ -186,7 +186,7 @@ def quantize_lazy(
     f32 = xp.float32
     vdtype = getattr(xp, values_layout(plan, shape)[1])
     steps = Steps(plan, rank, cal, rounding, scrub=not check)
-    # chunk functions see finite data when checking, so they need not scrub
+    # with the check on, chunk tasks raise on NaN/inf before encoding: only unchecked input is scrubbed
     chunked = _Chunked(steps, check, layout.data)
     glob = None
     verified = False  # whether a calibration task already checked each chunk

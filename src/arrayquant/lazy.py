@@ -75,7 +75,7 @@ class _Chunked:
     """The chunk functions of one quantization; plain data, so they travel to dask workers.
 
     Inside a task each chunk is walked in row slabs, as the eager path walks a whole array, so the
-    temporaries of a 64 MiB chunk stay a few hundred KiB and in cache.
+    temporaries of a 64 MiB chunk stay a few MiB and in cache.
     """
 
     def __init__(self, steps: Steps, check: bool, data: tuple[tuple[int, ...], ...]) -> None:

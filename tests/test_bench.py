@@ -158,11 +158,16 @@ def test_a_failing_peer_is_reported_not_raised() -> None:
         msg = "no kernel for this device"
         raise RuntimeError(msg)
 
+    def silent() -> None:
+        raise NotImplementedError
+
     b.pair(bench.Pair("peer that fails", broken, lambda q: q))
     b.pair(bench.Pair("peer whose dequantize fails", lambda: 1, lambda q: 1 / 0))
+    b.pair(bench.Pair("peer without a message", silent))
     assert b.unavailable == {
         "peer that fails": "RuntimeError: no kernel for this device",
         "peer whose dequantize fails dequantize": "ZeroDivisionError: division by zero",
+        "peer without a message": "NotImplementedError (raised in silent, test_bench.py)",
     }
     assert [(r.case, r.op) for r in b.results] == [("peer whose dequantize fails", "quantize")]
 
@@ -203,3 +208,12 @@ def test_bad_size_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as info:
         cli_main(["bench", "--size", "100"])
     assert info.value.code == 2
+
+
+def test_performance_page_shows_a_recorded_run() -> None:
+    """docs/performance.md carries the tables of the run recorded beside it, as the bench renders them."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    doc = json.loads((docs / "performance.json").read_text())
+    assert doc["size"] == bench.TARGET_SIZE
+    assert doc["machine"]["backend"] == "numpy"
+    assert bench.markdown(doc) in (docs / "performance.md").read_text()

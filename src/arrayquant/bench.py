@@ -257,8 +257,15 @@ class Bench:
 
 
 def reason(exc: BaseException) -> str:
+    """``Type: first line of the message``; where the message is empty, where it was raised."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:160] if text else ''}".rstrip(": ")
+    if text:
+        return f"{type(exc).__name__}: {text[0][:160]}"
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" (raised in {tb.tb_frame.f_code.co_name}, {Path(tb.tb_frame.f_code.co_filename).name})" if tb else ""
+    return f"{type(exc).__name__}{where}"
 
 
 def timed(fn: Callable[[], Any], repeat: int, sync: Callable[[Any], None]) -> tuple[list[float], float]:
@@ -778,7 +785,7 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
         for cases, op, goal in TARGETS:
             if r.case in cases and r.op == op:
                 out.append({"case": r.case, "op": op, "metric": "GB/s median", "value": r.gbps_median, "goal": goal})
-        if ":block" in r.case and r.extra_mib is not None:
+        if (":block" in r.case or r.case in FLOAT_PRESETS) and r.extra_mib is not None:
             out.append(
                 {"case": r.case, "op": r.op, "metric": "MiB extra", "value": r.extra_mib, "goal": TARGET_EXTRA_MIB}
             )
@@ -950,7 +957,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Input {doc['size']}x{doc['size']} float32, median and best of {doc['repeat']} runs after a warm-up, "
         f"one thread. Machine: {m['cpu']}, {m['cpu_count']} cores, {m['platform']}; Python {m['python']}, "
         f"NumPy {m['numpy']}; backend {m['backend']} ({m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}). "
-        f"Load average {load('loadavg')} at the start, {load('loadavg_end')} at the end. Peers: {vers}.",
+        f"Load average {load('loadavg')} at the start, {load('loadavg_end')} at the end. Versions: {vers}.",
         "",
         "| case | op | median GB/s | best GB/s | x copy | x NumPy | best peer | peer GB/s | x peer | check |",
         "|---|---|--:|--:|--:|--:|---|--:|--:|---|",

@@ -990,7 +990,8 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     jit = [r for r in rows if r["kind"] == "jit"]
     if jit:
-        out += ["", "| jax.jit of arrayquant | op | median GB/s | x eager NumPy | first call s | check |"]
+        eager_on = "NumPy" if m["backend"] == "numpy" else m["backend"]
+        out += ["", f"| jax.jit of arrayquant | op | median GB/s | x eager {eager_on} | first call s | check |"]
         out += ["|---|---|--:|--:|--:|---|"]
         for r in jit:
             eager = by.get((r["case"].removeprefix("jax.jit "), r["op"]))

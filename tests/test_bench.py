@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,13 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
     pytest.importorskip("ml_dtypes")
     out = tmp_path / "bench.json"
     proc = _run([sys.executable, str(BENCH), "--size", "256", "--repeat", "1", "--peers", "none", "--json", str(out)])
-    for name in (*CASES, "quantize", "dequantize", "GB/s median", "MiB extra", "x copy", "x peer", "one thread"):
+    for name in (*CASES, "quantize", "dequantize", "GB/s median", "MiB extra", "x copy", "x peer", "one core"):
         assert name in proc.stdout, name
     doc = json.loads(out.read_text())
-    for key in ("cpu", "cpu_count", "python", "numpy", "loadavg", "loadavg_end"):
+    for key in ("cpu", "cpu_count", "python", "numpy", "loadavg", "loadavg_end", "threads"):
         assert key in doc["machine"], key
+    if hasattr(os, "sched_setaffinity"):
+        assert "pinned to CPU" in doc["machine"]["threads"]
     assert doc["size"] == 256
     assert doc["repeat"] == 1
     rows = {(r["case"], r["op"]): r for r in doc["results"]}
@@ -193,6 +196,18 @@ def test_checks_compare_with_the_reference() -> None:
     codes = block[0].copy()
     codes[3, 5] += 1
     assert bench._verify("q8s:block32:f16", qt, x, tensor, (codes, block[1])) == "differs"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_one_cpu_pins_and_restores() -> None:
+    before = os.sched_getaffinity(0)
+    with bench.one_cpu() as cpu:
+        assert cpu in before
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == before
+    with bench.one_cpu(enabled=False) as cpu:
+        assert cpu is None
+        assert os.sched_getaffinity(0) == before
 
 
 @pytest.mark.parametrize("text", ["gguf,nope", "", "all,none"])

@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ TENSOR_FORM = " per-tensor"  # the obvious int8 forms, after the name of the lib
 BLOCK_FORM = " block32 f16"
 BACKENDS = ("numpy", "cupy", "torch", "jax")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
-XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 PEER_PACKAGES = ("ml_dtypes", "gguf", "torch", "bitsandbytes", "jax", "jaxlib", "cupy-cuda12x", "cupy-cuda13x")
 
 # Targets of issue 5 (NumPy, one core, 8192 x 8192 f32), judged on the median: (cases, op, GB/s)
@@ -394,11 +394,40 @@ def versions() -> dict[str, str | None]:
 
 
 def one_thread() -> None:
-    """Every library keeps to one core (set before the peers are imported)."""
+    """Every library keeps to one thread (set before the peers are imported)."""
     for var in THREAD_VARS:
         os.environ[var] = "1"
     if "jax" not in sys.modules and "--xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_ONE_THREAD}".strip()
+
+
+def _current_cpu() -> int | None:
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        stat = Path("/proc/self/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[36])  # field 39: the CPU this process last ran on
+    return None
+
+
+@contextlib.contextmanager
+def one_cpu(enabled: bool = True) -> Iterator[int | None]:
+    """Pin this process to the CPU it runs on, and restore its CPU set afterwards.
+
+    Threads started meanwhile keep the single CPU: XLA's CPU thread pool otherwise runs jax.jit on
+    every core whatever its flags (measured 1.7 CPU-seconds per second on 2 cores), and a pinned
+    process is one core's work by construction. Yields the CPU, or None where pinning is not
+    available (not Linux) or not wanted.
+    """
+    if not enabled or not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    allowed = os.sched_getaffinity(0)
+    cpu = _current_cpu()
+    cpu = cpu if cpu in allowed else min(allowed)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield cpu
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 # --- the peers ----------------------------------------------------------------------------------
@@ -812,8 +841,7 @@ def report(info: dict[str, Any], size: int, repeat: int, results: list[Result], 
     mib = size * size * 4 / MIB
     head = [
         f"input: {size}x{size} float32 ({mib:.0f} MiB), N(0,1)*0.05; median and best of {repeat} runs after a warm-up",
-        f"backend {info['backend']}, device {info['device']}; one thread everywhere "
-        "(OMP/BLAS threads 1, torch.set_num_threads(1), XLA Eigen pool off)",
+        f"backend {info['backend']}, device {info['device']}; {info['threads']}",
     ]
     cols = (
         f"{'case':<30} {'op':<10} {'median':>7} {'best':>7} {'x copy':>6} {'x numpy':>7} "
@@ -905,6 +933,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated peers to time when installed: all (default), none, or of {', '.join(PEERS)}",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc working-set runs")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="do not pin the process to one CPU (threads are still limited to one)"
+    )
 
 
 def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -915,9 +946,14 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     one_thread()
     say = lambda text: print(f"  [{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
     memory = False if args.no_memory else None
-    info, results, unavailable = run(
-        args.size, args.repeat, backend=args.backend, device=args.device, peers=args.peers, memory=memory, log=say
-    )
+    if "jax" in sys.modules and not args.no_pin:
+        say("jax was imported before the benchmark pinned its CPU: XLA's thread pool may use more cores")
+    with one_cpu(not args.no_pin) as cpu:
+        info, results, unavailable = run(
+            args.size, args.repeat, backend=args.backend, device=args.device, peers=args.peers, memory=memory, log=say
+        )
+    pinned = f"process pinned to CPU {cpu}, " if cpu is not None else "process not pinned, "
+    info["threads"] = f"one core: {pinned}OMP/BLAS threads 1, torch.set_num_threads(1), XLA Eigen pool off"
     vers = versions()
     print("\n".join(f"{k}: {v}" for k, v in info.items()))
     print("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in vers.items()) + "\n")
@@ -930,7 +966,6 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             "versions": vers,
             "size": args.size,
             "repeat": args.repeat,
-            "threads": "one: OMP/BLAS threads 1, torch.set_num_threads(1), XLA Eigen pool off",
             "results": [asdict(r) for r in results],
             "unavailable": unavailable,
             "targets": targets(results),
@@ -954,8 +989,9 @@ def markdown(doc: dict[str, Any]) -> str:
     vers = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
     load = lambda key: " ".join(f"{v:.2f}" for v in m.get(key) or [])
     out = [
-        f"Input {doc['size']}x{doc['size']} float32, median and best of {doc['repeat']} runs after a warm-up, "
-        f"one thread. Machine: {m['cpu']}, {m['cpu_count']} cores, {m['platform']}; Python {m['python']}, "
+        f"Input {doc['size']}x{doc['size']} float32, median and best of {doc['repeat']} runs after a warm-up; "
+        f"{m.get('threads', 'one thread')}. Machine: {m['cpu']}, {m['cpu_count']} cores, {m['platform']}; "
+        f"Python {m['python']}, "
         f"NumPy {m['numpy']}; backend {m['backend']} ({m['device']}{', ' + m['gpu'] if m.get('gpu') else ''}). "
         f"Load average {load('loadavg')} at the start, {load('loadavg_end')} at the end. Versions: {vers}.",
         "",

@@ -69,7 +69,7 @@ BLOCK_FORM = " block32 f16"
 BACKENDS = ("numpy", "cupy", "torch", "jax")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
-PEER_PACKAGES = ("ml_dtypes", "gguf", "torch", "bitsandbytes", "jax", "jaxlib", "cupy-cuda12x", "cupy-cuda13x")
+PEER_PACKAGES = ("ml_dtypes", "gguf", "torch", "bitsandbytes", "jax", "jaxlib", "cupy", "cupy-cuda12x", "cupy-cuda13x")
 
 # Targets of issue 5 (NumPy, one core, 8192 x 8192 f32), judged on the median: (cases, op, GB/s)
 TARGETS = (
@@ -374,6 +374,7 @@ def machine(backend: str, x: Any) -> dict[str, Any]:
 
             props = cupy.cuda.runtime.getDeviceProperties(x.device.id)
             info["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            info["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
         elif backend == "torch" and x.device.type == "cuda":
             import torch
 

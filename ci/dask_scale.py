@@ -53,16 +53,58 @@ def median_seconds(fn: Any, repeat: int) -> float:
     return statistics.median(times)
 
 
-def throughput(args: argparse.Namespace) -> dict[str, Any]:
-    from distributed import Client, LocalCluster, wait
+# dask.distributed starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also freezes glibc's
+# mmap threshold at 128 KiB: every slab temporary then costs fresh page faults (measured 4-5x
+# slower per chunk). These settings keep slab-sized blocks on the heap and still return chunk-sized
+# ones (mmap'd) and anything beyond 16 MiB of free heap top to the system.
+TUNED_WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": 16 << 20, "MALLOC_MMAP_THRESHOLD_": 4 << 20}
 
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
     n = args.size
     rows = max(1, n // 8)  # 8 chunks of whole rows
     x = da.random.default_rng(0).standard_normal((n, n), dtype=np.float32, chunks=(rows, n))
     host = x.compute()
     gb = host.nbytes / GB
-    results: dict[str, Any] = {"size": n, "chunks": [rows, n], "schemes": {}}
+    results: dict[str, Any] = {"size": n, "chunks": [rows, n], "tuned_worker_env": TUNED_WORKER_ENV, "schemes": {}}
+    local = da.from_array(host, chunks=(rows, n))  # hashed once, here, not in the timed runs
+    for text in args.schemes:
+        eager = aq.quantize(host, text)
+        t_np = median_seconds(lambda t=text: aq.quantize(host, t), args.repeat)
+
+        def threaded(t: str = text) -> Any:
+            qt = aq.quantize(local, t)
+            with dask.config.set(scheduler="threads", num_workers=2):
+                return dask.compute(qt.values, qt.scales)
+
+        values, scales = threaded()
+        assert np.array_equal(values, eager.values), text
+        assert np.array_equal(scales, eager.scales), text
+        results["schemes"][text] = {"numpy_gbps": gb / t_np, "threads_gbps": gb / median_seconds(threaded, args.repeat)}
+    for label, env in (("default", {}), ("tuned", TUNED_WORKER_ENV)):
+        for text, seconds in on_cluster(x, args, env, {t: aq.quantize(host, t) for t in args.schemes}).items():
+            results["schemes"][text][f"cluster_{label}_gbps"] = gb / seconds
+    for text, row in results["schemes"].items():
+        np_rate = row["numpy_gbps"]
+        print(
+            f"{text:<18} numpy (1 core) {np_rate:5.2f} GB/s | threads (2) {row['threads_gbps']:5.2f} GB/s "
+            f"= {row['threads_gbps'] / np_rate:.2f} x | LocalCluster (2 workers), dask's worker env "
+            f"{row['cluster_default_gbps']:5.2f} GB/s = {row['cluster_default_gbps'] / np_rate:.2f} x, tuned malloc "
+            f"{row['cluster_tuned_gbps']:5.2f} GB/s = {row['cluster_tuned_gbps'] / np_rate:.2f} x "
+            f"[{'PASS' if row['cluster_tuned_gbps'] >= 0.7 * np_rate else 'MISS'} >= 0.70]"
+        )
+    return results
+
+
+def on_cluster(x: Any, args: argparse.Namespace, env: dict[str, int], eager: dict[str, Any]) -> dict[str, float]:
+    """Median seconds per scheme to quantize ``x`` (already on two local workers), results left there."""
+    from distributed import Client, LocalCluster, wait
+
+    config = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
+    out = {}
+    saved = dict(os.environ)  # local nannies write their worker environment into this process's
     with (
+        dask.config.set(config),
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
         ) as cluster,
@@ -71,43 +113,25 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         on_workers = client.persist(x)
         wait(on_workers)
         for text in args.schemes:
-            eager = aq.quantize(host, text)
-            t_np = median_seconds(lambda t=text: aq.quantize(host, t), args.repeat)
-
-            def threaded(t: str = text) -> Any:
-                qt = aq.quantize(da.from_array(host, chunks=(rows, n)), t)
-                with dask.config.set(scheduler="threads", num_workers=2):
-                    return dask.compute(qt.values, qt.scales)
-
-            values, scales = threaded()
-            assert np.array_equal(values, eager.values), text
-            assert np.array_equal(scales, eager.scales), text
-            t_threads = median_seconds(threaded, args.repeat)
-
-            def on_cluster(t: str = text) -> Any:
-                qt = aq.quantize(on_workers, t)
-                done = client.persist([qt.values, qt.scales])
+            times = []
+            for i in range(args.repeat + 1):  # the first run warms the workers up
+                # a fresh input name per run (an identity task per chunk): the graph's keys are
+                # deterministic, and the cluster would otherwise hand back the last run's results
+                fresh = on_workers.map_blocks(lambda b: b, name=f"input-{text}-{i}")
+                start = time.perf_counter()
+                qt = aq.quantize(fresh, text)
+                done = client.persist([qt.values, qt.scales])  # results stay on the workers
                 wait(done)
-                return done
-
-            values, scales = client.gather(client.compute(on_cluster()))
-            assert np.array_equal(values, eager.values), text
-            assert np.array_equal(scales, eager.scales), text
-            t_cluster = median_seconds(on_cluster, args.repeat)
-            row = {
-                "numpy_gbps": gb / t_np,
-                "threads_gbps": gb / t_threads,
-                "cluster_gbps": gb / t_cluster,
-                "threads_ratio": t_np / t_threads,
-                "cluster_ratio": t_np / t_cluster,
-            }
-            results["schemes"][text] = row
-            print(
-                f"{text:<22} numpy (1 core) {row['numpy_gbps']:6.2f} GB/s | threads (2) {row['threads_gbps']:6.2f} "
-                f"GB/s = {row['threads_ratio']:.2f} x | LocalCluster (2 workers) {row['cluster_gbps']:6.2f} GB/s "
-                f"= {row['cluster_ratio']:.2f} x  [{'PASS' if row['cluster_ratio'] >= 0.7 else 'MISS'} >= 0.70]"
-            )
-    return results
+                times.append(time.perf_counter() - start)
+                if i == 0:
+                    values, scales = (np.asarray(a) for a in client.compute(done, sync=True))
+                    assert np.array_equal(values, eager[text].values), text
+                    assert np.array_equal(scales, eager[text].scales), text
+                del done
+            out[text] = statistics.median(times[1:])
+    os.environ.clear()
+    os.environ.update(saved)
+    return out
 
 
 def out_of_core(args: argparse.Namespace) -> dict[str, Any]:

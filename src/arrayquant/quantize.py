@@ -30,13 +30,16 @@ from .invariants import (
 from .invariants import (
     check_finite as check_data_finite,
 )
-from .kernels import compute_range as _compute_range
 from .kernels import (
+    block_scales,
     effective_scale,
+    global_scale,
+    normalise_scales,
     scales_from_absmax,
     scales_from_range,
     store_scales,
 )
+from .kernels import compute_range as _compute_range
 from .kernels import (
     round_up_scales as _round_up,
 )
@@ -179,20 +182,26 @@ def _quantize(
 
     glob = None
     stored = None
+    raw = None  # two-level: unnormalised block scales, normalised slab by slab below
     fused = given is None and dims and not plan.two_level
     if given is not None:
         scales_in, glob, _ = given
         stored = store_scales(scales_in, plan, xp=xp)
+    elif dims and plan.two_level:
+        # the global needs every block scale first; only the raw grid is kept whole, so the
+        # working set is one grid plus a slab, not the several grid-sized temporaries of one pass
+        sink = Sink(len(chunks), grid, f32, xp, device)
+        for c in chunks:
+            alpha_c = steps.alpha(x[c.rows, ...], xp=xp)
+            verify(alpha_c)
+            sink.put(c.grid, block_scales(alpha_c, plan, xp=xp, table=tab))
+        raw = sink.result
+        glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)
     elif not fused:
-        if not dims and cal is Calibration.ABSMEAN:
+        if cal is Calibration.ABSMEAN:
             alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
-        elif not dims:
-            alpha = _combine_max([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp)
         else:
-            sink = Sink(len(chunks), grid, f32, xp, device)
-            for c in chunks:
-                sink.put(c.grid, steps.alpha(x[c.rows, ...], xp=xp))
-            alpha = sink.result
+            alpha = _combine_max([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp)
         verify(alpha)
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
@@ -207,12 +216,15 @@ def _quantize(
             verify(alpha_c)
             stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp, table=tab)[0], plan, xp=xp)
             scales.put(c.grid, stored_c)
+        elif raw is not None:
+            stored_c = store_scales(normalise_scales(raw[c.grid, ...], glob, xp=xp), plan, xp=xp)
+            scales.put(c.grid, stored_c)
         else:
             assert stored is not None
             stored_c = stored[c.grid, ...] if dims else stored
         eff = effective_scale(stored_c, glob, plan, xp=xp)
         values.put(c.stored, steps.values(xc, eff, tab, xp=xp))
-    if fused:
+    if stored is None:
         stored = scales.result
     return QuantizedTensor(plan.scheme, shape, x.dtype, values.result, stored, glob, tab)
 

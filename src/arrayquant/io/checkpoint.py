@@ -272,21 +272,7 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
         )
         for k, (_, header, shape) in entries.items()
     }
-    blob = st.serialize(specs, metadata=metadata)
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        umask = os.umask(0o22)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _publish(Path(path), st.serialize(specs, metadata=metadata), lambda f, tmp: None)
 
 
 def save_stream(

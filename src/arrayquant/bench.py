@@ -53,7 +53,41 @@ from .quantize import quantize
 from .scheme import QuantScheme
 from .tensor import QuantizedTensor
 
-__all__ = ["PEERS", "PEER_MAP", "Result", "add_arguments", "main", "markdown", "run", "run_from_args"]
+__all__ = [
+    "PEERS",
+    "PEER_MAP",
+    "Bench",
+    "FloatForm",
+    "Pair",
+    "Result",
+    "add_arguments",
+    "digest",
+    "extra_mib",
+    "f16_round_up",
+    "machine",
+    "main",
+    "make_sync",
+    "markdown",
+    "np_dequantize_block",
+    "np_dequantize_float",
+    "np_dequantize_tensor",
+    "np_quantize_block",
+    "np_quantize_float",
+    "np_quantize_tensor",
+    "one_cpu",
+    "one_thread",
+    "qt_bytes",
+    "reason",
+    "report",
+    "run",
+    "run_from_args",
+    "targets",
+    "timed",
+    "torch_forms",
+    "ue4m3_round_up",
+    "verdict",
+    "versions",
+]
 
 BLOCK = 32
 MIB = 1 << 20

@@ -78,17 +78,16 @@ def _magnitude_code_e2m1(a: Any, *, xp: Any) -> Any:
 
 def _magnitude_code_binade(a: Any, fmt: MinifloatFormat, *, xp: Any) -> Any:
     dev = device_of(a)
-    f32 = xp.float32
-    j = xp.zeros(a.shape, dtype=xp.int32, device=dev)
+    # uint8 throughout (binade index <= 29, code <= 127): a quarter of int32's memory traffic
+    j = xp.zeros(a.shape, dtype=xp.uint8, device=dev)
     for e in range(fmt.emin + 1, fmt.emax + 1):
-        j = xp.add(j, xp.astype(a >= 2.0**e, xp.int32))
+        j = xp.add(j, xp.astype(a >= 2.0**e, xp.uint8))
     scale = xp.asarray(
-        [2.0 ** (fmt.mbits - fmt.emin - k) for k in range(fmt.emax - fmt.emin + 1)], dtype=f32, device=dev
+        [2.0 ** (fmt.mbits - fmt.emin - k) for k in range(fmt.emax - fmt.emin + 1)], dtype=xp.float32, device=dev
     )
-    t = xp.multiply(a, xp.reshape(xp.take(scale, xp.reshape(j, (-1,))), a.shape))
-    n = xp.astype(xp.round(t), xp.int32)
-    code = xp.add(n, xp.multiply(j, xp.asarray(1 << fmt.mbits, dtype=xp.int32, device=dev)))
-    return xp.astype(code, xp.uint8)
+    t = xp.multiply(a, xp.reshape(xp.take(scale, xp.reshape(xp.astype(j, xp.int32), (-1,))), a.shape))
+    n = xp.astype(xp.round(t), xp.uint8)  # at most 2^(mbits + 1): in range, no clip needed
+    return xp.add(n, xp.multiply(j, xp.asarray(1 << fmt.mbits, dtype=xp.uint8, device=dev)))
 
 
 def encode(y: Any, value: QuantValue, *, xp: Any) -> Any:

@@ -19,6 +19,7 @@ import pytest
 import arrayquant as aq
 from arrayquant.backends import dask_graph
 from arrayquant.invariants import plan_for
+from arrayquant.io import regions
 from arrayquant.storage import fields_per_word
 
 from .oracle import Case
@@ -220,13 +221,13 @@ def test_dequantize_a_tensor_with_foreign_chunks() -> None:
 def test_save_streams_chunk_by_chunk(text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     x = weights((70, 100), seed=14)
     writes: list[tuple[slice, ...]] = []
-    original = dask_graph.ChunkTarget.__setitem__
+    original = regions.ChunkTarget.__setitem__
 
     def counting(self: Any, index: Any, block: Any) -> None:
         writes.append(index)
         original(self, index, block)
 
-    monkeypatch.setattr(dask_graph.ChunkTarget, "__setitem__", counting)
+    monkeypatch.setattr(regions.ChunkTarget, "__setitem__", counting)
     qd = aq.quantize(lazy(x, (13, 37)), text)
     aq.save(tmp_path / "w.safetensors", {"w": qd, "bias": lazy(x[0], 16)})
     blocked = qd.scales.npartitions if plan_for(qd.scheme).block is not None else 0
@@ -327,3 +328,73 @@ def test_lazy_plain_arrays_land_in_place(shape: tuple[int, ...], chunks: Any, dt
     np.testing.assert_array_equal(loaded["a"], host_array)
     np.testing.assert_array_equal(loaded["b"], host_array[..., :1])
     assert loaded["a"].dtype == host_array.dtype
+
+
+def test_every_entry_starts_aligned(tmp_path: Path) -> None:
+    """Lazy saves order entries as safetensors does: each starts at a multiple of its element size."""
+    x = weights((32, 64), seed=19)
+    items = {
+        "a": aq.quantize(lazy(x[:1, :16], 1), "nvfp4"),  # 9 bytes of values and scales, then an f32 global
+        "b": aq.quantize(lazy(x, 16), "q8s"),  # u32 words
+        "c": lazy(x[0].astype(np.float16), 7),
+        "d": lazy(x.astype(np.float64), 16),
+    }
+    aq.save(tmp_path / "lazy.safetensors", items)
+    aq.io.checkpoint.save_stream(tmp_path / "stream.safetensors", iter(items.items()))
+    sizes = {"F64": 8, "F32": 4, "U32": 4, "F16": 2, "U8": 1, "I8": 1, "F8_E4M3": 1}
+    for name in ("lazy.safetensors", "stream.safetensors"):
+        with (tmp_path / name).open("rb") as f:
+            _, header = aq.io.checkpoint.read_header(f, tmp_path / name, (tmp_path / name).stat().st_size)
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        assert all(v["data_offsets"][0] % sizes[v["dtype"]] == 0 for v in entries.values()), entries
+        loaded = aq.load(tmp_path / name)
+        assert aq.to_bytes(loaded["a"]) == aq.to_bytes(aq.quantize(x[:1, :16], "nvfp4"))
+        np.testing.assert_array_equal(loaded["d"], x.astype(np.float64))
+
+
+def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pwrite`` may write less than asked (at most 2 GiB on Linux): every byte still lands."""
+    real = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real(fd, memoryview(data)[:7], offset))
+    x = weights((64, 64), seed=20)
+    aq.save(tmp_path / "lazy.safetensors", {"w": aq.quantize(lazy(x, 16), "nvfp4"), "b": x})
+    aq.io.checkpoint.save_stream(
+        tmp_path / "stream.safetensors", iter([("b", x), ("w", aq.quantize(lazy(x, 16), "q8s"))])
+    )
+    monkeypatch.setattr(os, "pwrite", real)
+    for name, text in (("lazy.safetensors", "nvfp4"), ("stream.safetensors", "q8s")):
+        loaded = aq.load(tmp_path / name)
+        assert aq.to_bytes(loaded["w"]) == aq.to_bytes(aq.quantize(x, text))
+        np.testing.assert_array_equal(loaded["b"], x)
+
+
+def test_empty_chunks_from_filtering() -> None:
+    x = weights((40, 64), seed=21)
+    keep = np.arange(40) // 10 != 2
+    y = lazy(x, (10, 64))[da.from_array(keep, chunks=10)]
+    y.compute_chunk_sizes()
+    assert 0 in y.chunks[0]
+    for text in ("q8s", "q8s:block32:f16", "nvfp4", "q4s:block4:f16:packed_u32:1"):
+        same(aq.quantize(y, text), aq.quantize(x[keep], text))
+    eager = aq.quantize(x[keep], "q4s:packed_u32:1")  # 30 rows in 4 words of 8 rows
+    moved = eager.to_backend("dask")
+    odd = aq.QuantizedTensor(
+        moved.scheme, moved.shape, moved.dtype, moved.values.rechunk(((3, 0, 1), (64,))), moved.scales
+    )
+    y = aq.dequantize(odd)
+    assert y.shape == (30, 64)
+    np.testing.assert_array_equal(host(y), aq.dequantize(eager))
+
+
+def test_one_pass_for_every_global_of_a_save(tmp_path: Path) -> None:
+    """Several tensors with globals: one scheduler pass for all the globals, one for the data."""
+    calls: list[Any] = []
+    x = weights((64, 64), seed=22)
+    tensors = {f"w{i}": aq.quantize(lazy(x * (i + 1), 16), "nvfp4") for i in range(3)}
+    tensors["p"] = aq.quantize(lazy(x, 16), "q8s")
+    with dask.config.set(scheduler=_counting_scheduler(calls)):
+        aq.save(tmp_path / "w.safetensors", tensors)
+    assert len(calls) == 2
+    loaded = aq.load(tmp_path / "w.safetensors")
+    for i in range(3):
+        assert aq.to_bytes(loaded[f"w{i}"]) == aq.to_bytes(aq.quantize(x * (i + 1), "nvfp4"))

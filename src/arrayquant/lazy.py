@@ -229,7 +229,7 @@ def dequantize_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, glob: Any, tab
     dims = plan.block_dims(rank)
     axis = plan.packed_axis(rank)
     per_word = fields_per_word(plan)
-    data = list(qt.values.chunks)
+    data = [tuple(n for n in sizes if n) or (0,) for sizes in qt.values.chunks]  # no empty chunks
     if axis is not None:  # words back to fields: every chunk but the last holds whole words
         words = data[axis]
         data[axis] = (*(n * per_word for n in words[:-1]), shape[axis] - per_word * sum(words[:-1]))

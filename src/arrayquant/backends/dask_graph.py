@@ -9,15 +9,13 @@ task on the chunk's own array library, so results equal the eager path bit for b
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import array_api_compat as compat
 import numpy as np
 
-__all__ = ["ChunkTarget", "aligned", "handles", "map_chunks", "offsets", "rechunk", "resolve", "store"]
+__all__ = ["aligned", "handles", "map_chunks", "offsets", "rechunk", "resolve", "store"]
 
 Chunks = tuple[tuple[int, ...], ...]
 
@@ -29,9 +27,12 @@ def aligned(chunks: Chunks, units: Sequence[int]) -> Chunks:
 
     >>> aligned(((5, 5, 2), (4, 4)), (4, 2))
     ((4, 4, 4), (4, 4))
+    >>> aligned(((4, 0, 4), (3,)), (4, 1))
+    ((4, 4), (3,))
     """
     out = []
-    for sizes, unit in zip(chunks, units, strict=True):
+    for all_sizes, unit in zip(chunks, units, strict=True):
+        sizes = tuple(n for n in all_sizes if n) or (0,)  # empty chunks (after filtering) hold nothing
         if all(n % unit == 0 for n in sizes[:-1]):
             out.append(tuple(sizes))
             continue
@@ -146,43 +147,8 @@ def resolve(arrays: Sequence[Any], small: Sequence[Any]) -> tuple[list[Any], lis
     return out, [found[s.name] if isinstance(s, da.Array) else s for s in small]
 
 
-class ChunkTarget:
-    """Where ``dask.array.store`` writes one array: a C-order region of a file, chunk by chunk.
-
-    Each chunk is encoded to bytes and written with positioned writes, so chunks land in any
-    order, from threads or from worker processes, and nothing of the array is held beyond the
-    chunk in hand.
-    """
-
-    def __init__(
-        self, path: str, start: int, shape: tuple[int, ...], itemsize: int, encode: Callable[[Any], bytes]
-    ) -> None:
-        self.path, self.start, self.shape, self.itemsize, self.encode = path, start, shape, itemsize, encode
-
-    def __setitem__(self, index: tuple[slice, ...], block: Any) -> None:
-        data = memoryview(self.encode(block)).cast("B")
-        if not len(data):
-            return
-        shape = self.shape
-        starts = [s.start or 0 for s in index]
-        bshape = tuple(int(n) for n in block.shape)
-        k = len(shape)
-        while k > 1 and bshape[k - 1] == shape[k - 1]:
-            k -= 1  # trailing axes the chunk spans entirely are contiguous with the axis before
-        run = math.prod(bshape[k - 1 :]) * self.itemsize if shape else len(data)
-        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-            for n, outer in enumerate(np.ndindex(*bshape[: max(k - 1, 0)])):
-                flat = sum((starts[i] + outer[i]) * strides[i] for i in range(len(outer)))
-                flat += sum(starts[i] * strides[i] for i in range(len(outer), len(shape)))
-                os.pwrite(fd, data[n * run : (n + 1) * run], self.start + flat * self.itemsize)
-        finally:
-            os.close(fd)
-
-
 def store(sources: Sequence[Any], targets: Sequence[Any]) -> None:
-    """Compute ``sources`` and write each chunk into its target as it is done."""
+    """Compute ``sources`` in one graph; each chunk goes to its target (``target[index] = chunk``) when done."""
     import dask.array as da
 
     da.store(list(sources), list(targets), lock=False)

@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat as compat
 import numpy as np
@@ -33,11 +32,12 @@ from ..errors import (
     ShapeError,
     UnexpectedGlobalScaleError,
 )
-from ..invariants import check_params, check_shape, plan_for
+from ..invariants import Plan, check_params, check_shape, plan_for
 from ..scheme import QParams, QuantScheme, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor, dtype_name
 from .burn import check_codes, decode_scales, encode_scales
+from .regions import ChunkTarget, write_all
 
 __all__ = ["FORMAT_VERSION", "load", "read_header", "save", "save_stream"]
 
@@ -72,6 +72,7 @@ _SCALE_DTYPES = {
 }
 _VALUE_DTYPES = {"int8": "I8", "uint8": "U8", "uint32": "U32"}
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_Part = tuple[Any, str, list[int]]  # (bytes, a host array or a lazy source; header dtype; shape)
 
 
 def _safetensors() -> Any:
@@ -81,10 +82,6 @@ def _safetensors() -> Any:
         msg = "checkpoints need safetensors; pip install 'arrayquant[io]'"
         raise BackendUnavailableError(msg) from None
     return safetensors
-
-
-def _entry(raw: bytes, header_dtype: str, shape: tuple[int, ...]) -> tuple[bytes, str, list[int]]:
-    return raw, header_dtype, list(shape)
 
 
 def _header_kind(name: str, dtype: Any) -> str:
@@ -104,10 +101,14 @@ def _raw(host: np.ndarray, header: str) -> np.ndarray:
     return np.ascontiguousarray(data).astype(raw_dtype, copy=False).reshape(host.shape)
 
 
+def _host(arr: Any) -> np.ndarray:
+    raw = np.asarray(shim.to_host(arr))
+    return np.ascontiguousarray(raw).reshape(raw.shape)  # keeps 0-d arrays 0-d
+
+
 def _plain_array(name: str, arr: Any) -> tuple[np.ndarray, str]:
     """The host array in its little-endian raw dtype and its header dtype."""
-    raw = np.asarray(shim.to_host(arr))
-    host = np.ascontiguousarray(raw).reshape(raw.shape)  # keeps 0-d arrays 0-d
+    host = _host(arr)
     header = _header_kind(name, host.dtype)
     return _raw(host, header), header
 
@@ -119,17 +120,21 @@ class _PlainCodec:
         self.header = header
 
     def __call__(self, block: Any) -> bytes:
-        host = np.asarray(shim.to_host(block))
-        return _raw(np.ascontiguousarray(host).reshape(host.shape), self.header).tobytes()
+        return _raw(_host(block), self.header).tobytes()
 
 
-def _plain_entry(name: str, arr: Any) -> tuple[bytes, str, list[int]]:
-    data, header = _plain_array(name, arr)
-    return _entry(data.tobytes(), header, data.shape)
+class _Stored(NamedTuple):
+    """A validated quantized tensor's stored arrays."""
+
+    plan: Plan
+    shape: tuple[int, ...]
+    values: Any
+    scales: Any
+    glob: Any
+    table: Any
 
 
-def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[Any, str, list[int]]]:
-    """Each stored array of ``qt`` as ``(data, header dtype, shape)``: bytes, or a :class:`_Lazy` source."""
+def _validated(name: str, qt: QuantizedTensor) -> _Stored:
     plan = plan_for(qt.scheme)
     shape = check_shape(qt.shape, f"{name}.shape")
     xp = compat.array_namespace(qt.values)
@@ -137,36 +142,57 @@ def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, tuple[Any, s
         QParams(qt.scales, qt.global_scale, qt.table), plan, shape, xp, compat.device(qt.values), what=name
     )
     check_values(qt.values, plan, shape, xp, f"{name}.values")
-    vshape, vdtype = values_layout(plan, shape)
-    grid = plan.grid_shape(shape)
+    return _Stored(plan, shape, qt.values, scales, glob, tab)
+
+
+def _resolved(stores: list[_Stored]) -> list[_Stored]:
+    """Lazy tensors with their small arrays (globals, per-tensor scales, tables) computed, in one pass."""
+    per_tensor = [st.plan.block is None for st in stores]
+    small = [
+        a for st, pt in zip(stores, per_tensor, strict=True) for a in (st.glob, st.table, st.scales if pt else None)
+    ]
+    arrays, found = dask_graph.resolve([a for st in stores for a in (st.values, st.scales)], small)
+    out = []
+    for i, st in enumerate(stores):
+        glob, table, scales = found[3 * i : 3 * i + 3]
+        out.append(
+            st._replace(
+                values=arrays[2 * i], scales=scales if per_tensor[i] else arrays[2 * i + 1], glob=glob, table=table
+            )
+        )
+    return out
+
+
+def _stored_entries(name: str, st: _Stored) -> dict[str, _Part]:
+    """Each stored array as ``(data, header dtype, shape)``: bytes, or a :class:`_Lazy` source."""
+    plan = st.plan
+    vshape, vdtype = values_layout(plan, st.shape)
     raw_values = np.dtype(vdtype).newbyteorder("<")
-    if dask_graph.handles(qt.values):
-        # lazy: everything but the values and block scales is small; compute it in one first pass
-        small = [glob, tab] + ([] if plan.block is not None else [scales])
-        (values, scales), found = dask_graph.resolve([qt.values, scales], small)
-        glob, tab = found[0], found[1]
-        if plan.block is None:
-            scales = found[2]
-        out: dict[str, tuple[Any, str, list[int]]] = {
-            name: (_Lazy(values, raw_values.itemsize, _ValuesCodec(raw_values)), _VALUE_DTYPES[vdtype], list(vshape))
-        }
-    else:
-        values = np.ascontiguousarray(shim.to_host(qt.values))
-        out = {name: _entry(values.astype(raw_values).tobytes(), _VALUE_DTYPES[vdtype], vshape)}
-    header = _SCALE_DTYPES[plan.scale_dtype]
-    if dask_graph.handles(scales):
-        out[name + ".scales"] = (
-            _Lazy(scales, plan.scale_dtype.nbytes, _ScalesCodec(plan.scale_dtype)),
-            header,
-            list(grid),
+    out: dict[str, _Part] = {}
+    if dask_graph.handles(st.values):
+        out[name] = (
+            _Lazy(st.values, raw_values.itemsize, _ValuesCodec(raw_values)),
+            _VALUE_DTYPES[vdtype],
+            list(vshape),
         )
     else:
-        out[name + ".scales"] = _entry(encode_scales(shim.to_host(scales), plan.scale_dtype), header, grid)
-    if glob is not None:
-        out[name + ".global_scale"] = _entry(np.asarray(shim.to_host(glob), "<f4").tobytes(), "F32", (1,))
-    if tab is not None:
-        out[name + ".table"] = _entry(np.asarray(shim.to_host(tab), "<f4").tobytes(), "F32", tuple(tab.shape))
+        values = np.ascontiguousarray(shim.to_host(st.values))
+        out[name] = (values.astype(raw_values).tobytes(), _VALUE_DTYPES[vdtype], list(vshape))
+    kind, grid = _SCALE_DTYPES[plan.scale_dtype], list(plan.grid_shape(st.shape))
+    if dask_graph.handles(st.scales):
+        out[name + ".scales"] = (_Lazy(st.scales, plan.scale_dtype.nbytes, _ScalesCodec(plan.scale_dtype)), kind, grid)
+    else:
+        out[name + ".scales"] = (encode_scales(shim.to_host(st.scales), plan.scale_dtype), kind, grid)
+    if st.glob is not None:
+        out[name + ".global_scale"] = (np.asarray(shim.to_host(st.glob), "<f4").tobytes(), "F32", [1])
+    if st.table is not None:
+        out[name + ".table"] = (np.asarray(shim.to_host(st.table), "<f4").tobytes(), "F32", list(st.table.shape))
     return out
+
+
+def _quantized_entries(name: str, qt: QuantizedTensor) -> dict[str, _Part]:
+    st = _validated(name, qt)
+    return _stored_entries(name, _resolved([st])[0] if dask_graph.handles(st.values) else st)
 
 
 class _ValuesCodec:
@@ -205,25 +231,42 @@ def _is_lazy(item: Any) -> bool:
     return dask_graph.handles(item)
 
 
-def _write(path: str, start: int, parts: dict[str, tuple[Any, str, list[int]]]) -> int:
-    """Write ``parts`` back to back from byte ``start`` of ``path``; lazy parts chunk by chunk."""
+def _write(path: str, base: int, parts: dict[str, _Part], offsets: dict[str, int]) -> None:
+    """Write each part at ``base + offsets[key]`` of ``path``; lazy parts chunk by chunk, in one graph."""
     sources, targets = [], []
     fd = os.open(path, os.O_WRONLY)
     try:
-        at = start
-        for data, _, shape in parts.values():
+        for key, (data, _, shape) in parts.items():
+            at = base + offsets[key]
             if isinstance(data, _Lazy):
                 sources.append(data.array)
-                targets.append(dask_graph.ChunkTarget(path, at, tuple(shape), data.itemsize, data.encode))
+                targets.append(ChunkTarget(path, at, tuple(shape), data.itemsize, data.encode))
             else:
-                buf: Any = data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data
-                os.pwrite(fd, buf, at)
-            at += len(data) if not isinstance(data, np.ndarray) else data.nbytes
+                write_all(fd, data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data, at)
     finally:
         os.close(fd)
     if sources:
         dask_graph.store(sources, targets)
-    return at
+
+
+def _nbytes(data: Any) -> int:
+    return int(data.nbytes) if isinstance(data, np.ndarray) else len(data)
+
+
+def _layout(kinds: dict[str, tuple[str, list[int], int]]) -> tuple[dict[str, Any], dict[str, int]]:
+    """Header entries and data offsets for ``{key: (dtype, shape, nbytes)}``.
+
+    Entries go widest dtype first, then by name, as safetensors orders them: with the data
+    starting 8-aligned, every entry then starts at a multiple of its element size.
+    """
+    order = sorted(kinds, key=lambda k: (-np.dtype(_PLAIN[kinds[k][0]][0]).itemsize, k))
+    header, offsets, at = {}, {}, 0
+    for key in order:
+        kind, shape, size = kinds[key]
+        header[key] = {"dtype": kind, "shape": [int(n) for n in shape], "data_offsets": [at, at + size]}
+        offsets[key] = at
+        at += size
+    return header, offsets
 
 
 def _check_name(name: object) -> None:
@@ -251,26 +294,14 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
         _save_lazy(path, tensors)
         return
     st = _safetensors()
-    entries: dict[str, tuple[bytes, str, list[int]]] = {}
+    entries: dict[str, _Part] = {}
     metadata = {_FORMAT_KEY: FORMAT_VERSION}
     for name, item in tensors.items():
-        _check_name(name)
-        if isinstance(item, QuantizedTensor):
-            parts = _quantized_entries(name, item)
-            metadata[_TENSOR_KEY + name] = _describe(item)
-        else:
-            parts = {name: _plain_entry(name, item)}
-        clash = set(parts) & set(entries)
-        if clash:
-            msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
-            raise ShapeError(msg)
-        entries.update(parts)
-    buffers = {k: np.frombuffer(raw, np.uint8) if raw else np.zeros(0, np.uint8) for k, (raw, _, _) in entries.items()}
+        _add(entries, _parts(name, item, metadata))
+    buffers = {k: np.frombuffer(memoryview(data).cast("B"), np.uint8) for k, (data, _, _) in entries.items()}
     specs = {
-        k: st.TensorSpec(
-            dtype=_PLAIN[header][1], shape=shape, data_ptr=buffers[k].ctypes.data, data_len=len(entries[k][0])
-        )
-        for k, (_, header, shape) in entries.items()
+        k: st.TensorSpec(dtype=_PLAIN[kind][1], shape=shape, data_ptr=buffers[k].ctypes.data, data_len=buffers[k].size)
+        for k, (_, kind, shape) in entries.items()
     }
     _publish(Path(path), st.serialize(specs, metadata=metadata), lambda f, tmp: None)
 
@@ -301,48 +332,66 @@ def save_stream(
             msg = f"metadata entry {key!r}: {value!r} is not allowed; use strings, keys outside 'arrayquant.'"
             raise ShapeError(msg)
         meta[key] = value
-    header: dict[str, Any] = {}
     target = Path(path)
     folder = target.parent or Path(".")
     # named, so lazy tensors can be written into it chunk by chunk (by dask workers too)
     spool = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".spool")  # noqa: SIM115
     try:
-        offset = 0
+        kinds: dict[str, tuple[str, list[int], int]] = {}
+        spooled: dict[str, int] = {}  # where each entry's bytes are in the spool, in arrival order
         for name, item in items:
             parts = _parts(name, item, meta)
-            clash = set(parts) & set(header)
-            if clash:
-                msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
-                raise ShapeError(msg)
-            header.update(_layout(parts, offset))
-            offset = _write(spool.name, offset, parts)
+            _add(kinds, {k: (kind, shape, _nbytes(data)) for k, (data, kind, shape) in parts.items()})
+            at = sum(size for _, _, size in kinds.values()) - sum(_nbytes(data) for data, _, _ in parts.values())
+            offsets = {}
+            for key, (data, _, _) in parts.items():
+                offsets[key] = at
+                at += _nbytes(data)
+            spooled.update(offsets)
+            _write(spool.name, 0, parts, offsets)
             del parts, item
-        spool.seek(0)
-        _publish(target, _header_bytes(meta, header), lambda f, _: shutil.copyfileobj(spool, f, 1 << 20))
+        header, _ = _layout(kinds)
+
+        def copy(f: Any, _: str) -> None:
+            for key, entry in header.items():  # the file's order: widest dtype first
+                _copy_range(spool, f, spooled[key], entry["data_offsets"][1] - entry["data_offsets"][0])
+
+        _publish(target, _header_bytes(meta, header), copy)
     finally:
         spool.close()
 
 
-def _parts(name: str, item: Any, meta: dict[str, str]) -> dict[str, tuple[Any, str, list[int]]]:
-    """The entries of one named item; a quantized tensor also describes itself in ``meta``."""
+def _copy_range(src: Any, dst: Any, start: int, length: int) -> None:
+    src.seek(start)
+    while length:
+        buf = src.read(min(length, 1 << 20))
+        dst.write(buf)
+        length -= len(buf)
+
+
+def _add(into: dict[str, Any], parts: dict[str, Any]) -> None:
+    """Add one item's entries, refusing a name that is already there."""
+    clash = set(parts) & set(into)
+    if clash:
+        msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
+        raise ShapeError(msg)
+    into.update(parts)
+
+
+def _parts(name: str, item: Any, meta: dict[str, str], stored: _Stored | None = None) -> dict[str, _Part]:
+    """The entries of one named item; a quantized tensor also describes itself in ``meta``.
+
+    ``stored`` is the item's validated (and, if lazy, resolved) arrays when the caller has them.
+    """
     _check_name(name)
     if isinstance(item, QuantizedTensor):
         meta[_TENSOR_KEY + name] = _describe(item)
-        return _quantized_entries(name, item)
+        return _stored_entries(name, stored) if stored is not None else _quantized_entries(name, item)
     if dask_graph.handles(item):
         kind = _header_kind(name, item.dtype)
         return {name: (_Lazy(item, np.dtype(_PLAIN[kind][0]).itemsize, _PlainCodec(kind)), kind, list(item.shape))}
     data, kind = _plain_array(name, item)
     return {name: (data, kind, list(data.shape))}
-
-
-def _layout(parts: dict[str, tuple[Any, str, list[int]]], offset: int) -> dict[str, Any]:
-    out = {}
-    for key, (data, kind, shape) in parts.items():
-        size = data.nbytes if isinstance(data, np.ndarray) else len(data)
-        out[key] = {"dtype": kind, "shape": [int(n) for n in shape], "data_offsets": [offset, offset + size]}
-        offset += size
-    return out
 
 
 def _header_bytes(meta: dict[str, str], header: dict[str, Any]) -> bytes:
@@ -371,18 +420,22 @@ def _publish(target: Path, head: bytes, fill: Any) -> None:
 
 
 def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
-    """:func:`save` with lazy tensors: the header first (sizes need no data), then chunk by chunk."""
+    """:func:`save` with lazy tensors: the header first (sizes need no data), then chunk by chunk.
+
+    Every lazy tensor's small arrays (globals, per-tensor scales) come from one first pass.
+    """
+    for name in tensors:
+        _check_name(name)
+    stores = {n: _validated(n, t) for n, t in tensors.items() if isinstance(t, QuantizedTensor)}
+    lazy = [n for n, st in stores.items() if dask_graph.handles(st.values)]
+    stores.update(zip(lazy, _resolved([stores[n] for n in lazy]), strict=True))
     meta = {_FORMAT_KEY: FORMAT_VERSION}
-    everything: dict[str, tuple[Any, str, list[int]]] = {}
+    everything: dict[str, _Part] = {}
     for name, item in tensors.items():
-        parts = _parts(name, item, meta)
-        clash = set(parts) & set(everything)
-        if clash:
-            msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
-            raise ShapeError(msg)
-        everything.update(parts)
-    head = _header_bytes(meta, _layout(everything, 0))
-    _publish(Path(path), head, lambda _, tmp: _write(tmp, len(head), everything))
+        _add(everything, _parts(name, item, meta, stores.get(name)))
+    header, offsets = _layout({k: (kind, shape, _nbytes(data)) for k, (data, kind, shape) in everything.items()})
+    head = _header_bytes(meta, header)
+    _publish(Path(path), head, lambda _, tmp: _write(tmp, len(head), everything, offsets))
 
 
 def _blame(header: dict[str, Any]) -> str:

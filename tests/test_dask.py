@@ -398,3 +398,20 @@ def test_one_pass_for_every_global_of_a_save(tmp_path: Path) -> None:
     loaded = aq.load(tmp_path / "w.safetensors")
     for i in range(3):
         assert aq.to_bytes(loaded[f"w{i}"]) == aq.to_bytes(aq.quantize(x * (i + 1), "nvfp4"))
+
+
+def test_static_scales_are_checked_when_computed() -> None:
+    x = weights((8, 64), seed=23)
+    bad = np.full((8, 2), 0.01, np.float32)
+    bad[5, 1] = np.nan
+    qt = aq.quantize(lazy(x, 4), "q8s:block32:f32", aq.QParams(da.from_array(bad, chunks=(4, 1))))
+    with pytest.raises(
+        aq.ParamsError,
+        match=r"params.scales \(its chunk starting at \(4, 1\)\) has 1 invalid entry \(first at flat index 1: nan\); "
+        r"scales must be finite and >= 0",
+    ):
+        qt.values.compute()
+    ones = da.from_array(np.ones((8, 2), np.float32))
+    qt = aq.quantize(lazy(x, 4), "q8s:block32:ue4m3:tensor:f32", aq.QParams(ones, da.from_array(np.float32([-1.0]))))
+    with pytest.raises(aq.ParamsError, match=r"params.global_scale \(its chunk starting at \(0,\)\) has 1 invalid"):
+        qt.values.compute()

@@ -18,7 +18,7 @@ import array_api_compat as compat
 from .backends import dask_graph, shim
 from .blockwork import Steps
 from .chunks import Chunk, Sink, row_chunks
-from .invariants import Plan
+from .invariants import Plan, check_scale_values
 from .invariants import check_finite as check_data_finite
 from .kernels import (
     block_scales,
@@ -167,6 +167,17 @@ class _Chunked:
         return out.result
 
 
+class _Refuse:
+    """A task that passes a chunk of static scales on, once none is NaN, infinite or negative."""
+
+    def __init__(self, chunks: tuple[tuple[int, ...], ...], name: str) -> None:
+        self.chunks, self.name = chunks, name
+
+    def __call__(self, s: Any, block_id: tuple[int, ...] = ()) -> Any:
+        check_scale_values(s, f"{self.name} (its chunk starting at {_origin(self.chunks, block_id)})", _ns(s))
+        return s
+
+
 def quantize_lazy(
     x: Any,
     plan: Plan,
@@ -191,8 +202,14 @@ def quantize_lazy(
     glob = None
     verified = False  # whether a calibration task already checked each chunk
     if given is not None:
+        # static scales of a graph cannot be read now: their tasks refuse NaN, inf and negatives
         scales_in, glob, _ = given
-        stored = store_scales(xp.astype(scales_in, f32), plan, xp=xp)
+        scales_in = dask_graph.map_chunks(
+            _Refuse(scales_in.chunks, "params.scales"), [scales_in], [], scales_in.chunks, f32
+        )
+        if glob is not None:
+            glob = dask_graph.map_chunks(_Refuse(glob.chunks, "params.global_scale"), [glob], [], glob.chunks, f32)
+        stored = store_scales(scales_in, plan, xp=xp)
         if dims:
             stored = dask_graph.rechunk(stored, layout.grid)
     elif dims and not plan.two_level:

@@ -28,7 +28,7 @@ from .kernels import (
 from .scheme import Calibration
 from .storage import pack_codes, unpack_values
 
-__all__ = ["Steps"]
+__all__ = ["Steps", "max_of"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +92,11 @@ class Steps:
         if self.plan.value.is_float:
             return dequantize_float(codes, eff, self.plan, xp=xp)
         return dequantize_int(codes, eff, xp=xp)
+
+
+def max_of(parts: list[Any], *, xp: Any) -> Any:
+    """Elementwise maximum of same-shaped partial results (exact in any order)."""
+    out = parts[0]
+    for p in parts[1:]:
+        out = xp.maximum(out, p)
+    return out

@@ -16,7 +16,7 @@ from typing import Any
 import array_api_compat as compat
 
 from .backends import dask_graph, shim
-from .blockwork import Steps
+from .blockwork import Steps, max_of
 from .chunks import Chunk, Sink, row_chunks
 from .invariants import Plan, check_scale_values
 from .invariants import check_finite as check_data_finite
@@ -37,7 +37,11 @@ __all__ = ["dequantize_lazy", "quantize_lazy"]
 
 @dataclass(frozen=True)
 class _Layout:
-    """Chunk sizes of the data, its scale grid and its stored values, all with the same chunk count."""
+    """Chunk sizes of the data, its scale grid and its stored values.
+
+    Data and values have the same number of chunks along every axis, and so has the grid of a
+    per-block scheme; a per-tensor grid is the single ``(1,)`` chunk, handed whole to each task.
+    """
 
     data: tuple[tuple[int, ...], ...]
     grid: tuple[tuple[int, ...], ...]
@@ -113,7 +117,7 @@ class _Chunked:
         xp = _ns(xc)
         with shim.quiet(xp):
             parts = [self.steps.alpha(xc[c.rows, ...], xp=xp) for c in self._slabs(xc)]
-            alpha = xp.max(xp.stack(parts), axis=0)
+            alpha = max_of(parts, xp=xp)
             self._verify(xc, alpha, xp, block_id)
             return xp.reshape(alpha, (1,) * xc.ndim)
 
@@ -231,7 +235,7 @@ def quantize_lazy(
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
         verified = True
-    values_fn = chunked.values if not verified else _Chunked(steps, False, layout.data).values
+    values_fn = _Chunked(steps, check and not verified, layout.data).values
     if dims:
         values = dask_graph.map_chunks(values_fn, [x, stored], [glob, tab], layout.values, vdtype)
     else:

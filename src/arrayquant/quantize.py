@@ -11,7 +11,7 @@ from typing import Any
 from array_api_compat import device as device_of
 
 from .backends import dask_graph, shim
-from .blockwork import Steps
+from .blockwork import Steps, max_of
 from .chunks import Sink, row_chunks
 from .errors import ParamsError, ShapeError
 from .invariants import (
@@ -201,7 +201,7 @@ def _quantize(
         if cal is Calibration.ABSMEAN:
             alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
         else:
-            alpha = _combine_max([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp)
+            alpha = max_of([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp=xp)
         verify(alpha)
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
@@ -227,10 +227,3 @@ def _quantize(
     if stored is None:
         stored = scales.result
     return QuantizedTensor(plan.scheme, shape, x.dtype, values.result, stored, glob, tab)
-
-
-def _combine_max(parts: list[Any], xp: Any) -> Any:
-    out = parts[0]
-    for p in parts[1:]:
-        out = xp.maximum(out, p)
-    return out

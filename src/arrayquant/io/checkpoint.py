@@ -414,6 +414,11 @@ def _publish(target: Path, head: bytes, fill: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself survives a crash only once the folder is synced
+        finally:
+            os.close(folder)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

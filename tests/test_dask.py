@@ -95,10 +95,31 @@ def test_one_task_per_chunk_and_step() -> None:
     qd = aq.quantize(lazy(x, (64, 64)), "q8s:block32:f16")
     n_chunks = 16
     graph = dict(qd.values.__dask_graph__())
-    # the input, the scales and the values: no per-element or per-block task explosion
+    # the input, one task making a chunk's values and scales, one picking the values: no explosion
     assert len(graph) <= 3 * n_chunks + 4, len(graph)
     y = aq.dequantize(qd)
-    assert len(dict(y.__dask_graph__())) <= 4 * n_chunks + 4
+    assert len(dict(y.__dask_graph__())) <= 5 * n_chunks + 4  # + picking the scales, + decoding
+
+
+def test_values_and_scales_come_from_one_read_of_each_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    from arrayquant import lazy as lazy_module
+
+    calls: list[Any] = []
+    original = lazy_module._Chunked.fused
+
+    def counting(self: Any, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
+        calls.append(block_id)
+        return original(self, xc, table, block_id)
+
+    monkeypatch.setattr(lazy_module._Chunked, "fused", counting)
+    x = weights((256, 256), seed=24)
+    qd = aq.quantize(lazy(x, (64, 128)), "q4s:block32:f16")
+    with dask.config.set(scheduler="sync"):
+        values, scales = dask.compute(qd.values, qd.scales)
+    assert sorted(calls) == [(i, j) for i in range(4) for j in range(2)]  # each chunk once
+    eager = aq.quantize(x, "q4s:block32:f16")
+    np.testing.assert_array_equal(values, eager.values)
+    np.testing.assert_array_equal(scales, eager.scales)
 
 
 def _counting_scheduler(calls: list[Any]) -> Any:

@@ -121,12 +121,23 @@ class _Chunked:
             self._verify(xc, alpha, xp, block_id)
             return xp.reshape(alpha, (1,) * xc.ndim)
 
-    def scales(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
-        """One-level block scales of the chunk, as stored."""
+    def fused(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
+        """One-level per block: the chunk's stored values and stored scales, in one walk over its slabs."""
+        xp = _ns(xc)
         plan = self.steps.plan
-        return self._grid(
-            xc, block_id, lambda a, xp: store_scales(scales_from_absmax(a, plan, xp=xp, table=table)[0], plan, xp=xp)
-        )
+        slabs = self._slabs(xc)
+        vshape, vdtype = values_layout(plan, tuple(xc.shape))
+        values = Sink(len(slabs), vshape, getattr(xp, vdtype), xp, compat.device(xc))
+        scales = Sink(len(slabs), plan.grid_shape(tuple(xc.shape)), xp.float32, xp, compat.device(xc))
+        with shim.quiet(xp):
+            for c in slabs:
+                xs = xc[c.rows, ...]
+                alpha = self.steps.alpha(xs, xp=xp)
+                self._verify(xc, alpha, xp, block_id)
+                stored = store_scales(scales_from_absmax(alpha, plan, xp=xp, table=table)[0], plan, xp=xp)
+                scales.put(c.grid, stored)
+                values.put(c.stored, self.steps.values(xs, stored, table, xp=xp))
+        return values.result, scales.result
 
     def raw_scales(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
         """Two-level: the chunk's block scales before normalisation by the global."""
@@ -217,8 +228,11 @@ def quantize_lazy(
         if dims:
             stored = dask_graph.rechunk(stored, layout.grid)
     elif dims and not plan.two_level:
-        stored = dask_graph.map_chunks(chunked.scales, [x], [tab], layout.grid, f32)
-        verified = True
+        # one task per chunk reads it once: calibrate, scale and encode slab by slab, as eagerly
+        values, stored = dask_graph.map_chunks_pair(
+            chunked.fused, [x], [tab], (layout.values, vdtype), (layout.grid, f32)
+        )
+        return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, None, tab)
     elif dims:
         raw = dask_graph.map_chunks(chunked.raw_scales, [x], [tab], layout.grid, f32)
         glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)

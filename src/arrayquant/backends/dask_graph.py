@@ -15,7 +15,7 @@ from typing import Any
 import array_api_compat as compat
 import numpy as np
 
-__all__ = ["aligned", "handles", "map_chunks", "offsets", "rechunk", "resolve", "store"]
+__all__ = ["aligned", "handles", "map_chunks", "map_chunks_pair", "offsets", "rechunk", "resolve", "store"]
 
 Chunks = tuple[tuple[int, ...], ...]
 
@@ -103,6 +103,38 @@ def map_chunks(
     call = _Call(fn, len(blocked), shapes, has_keyword(fn, "block_id"))
     token = "aq-" + getattr(fn, "__name__", "chunks")  # names the graph's layer, e.g. aq-values
     return da.map_blocks(call, *blocked, *args, chunks=chunks, dtype=dtype, meta=meta, token=token)
+
+
+def map_chunks_pair(
+    fn: Callable[..., tuple[Any, Any]],
+    blocked: Sequence[Any],
+    whole: Sequence[Any],
+    first: tuple[Chunks, Any],
+    second: tuple[Chunks, Any],
+) -> tuple[Any, Any]:
+    """Two arrays from one task per chunk: ``fn`` returns a pair; ``first``, ``second``: (chunks, dtype).
+
+    The pair task reads its chunk once; two cheap tasks pick its parts (as dask's own
+    multi-output ``apply_gufunc`` does). Computed together, both share the pair task; computed
+    alone, dask fuses the pair into the picking task.
+    """
+    import dask.array as da
+
+    pairs = map_chunks(fn, blocked, whole, first[0], object)
+    meta = blocked[0]._meta
+    out = []
+    for i, (chunks, dtype) in enumerate((first, second)):
+        like = da.utils.meta_from_array(meta, ndim=len(chunks), dtype=dtype)
+        out.append(pairs.map_blocks(_Pick(i), chunks=chunks, dtype=dtype, meta=like, token=f"{pairs.name}-{i}"))
+    return out[0], out[1]
+
+
+class _Pick:
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __call__(self, pair: tuple[Any, Any]) -> Any:
+        return pair[self.i]
 
 
 def rechunk(a: Any, chunks: Chunks) -> Any:

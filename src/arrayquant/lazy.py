@@ -215,7 +215,6 @@ def quantize_lazy(
     # with the check on, chunk tasks raise on NaN/inf before encoding: only unchecked input is scrubbed
     chunked = _Chunked(steps, check, layout.data)
     glob = None
-    verified = False  # whether a calibration task already checked each chunk
     if given is not None:
         # static scales of a graph cannot be read now: their tasks refuse NaN, inf and negatives
         scales_in, glob, _ = given
@@ -237,7 +236,6 @@ def quantize_lazy(
         raw = dask_graph.map_chunks(chunked.raw_scales, [x], [tab], layout.grid, f32)
         glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)
         stored = dask_graph.map_chunks(chunked.normalised, [raw], [glob], layout.grid, f32)
-        verified = True
     else:
         if cal is Calibration.ABSMEAN:
             if check:
@@ -248,8 +246,8 @@ def quantize_lazy(
             alpha = xp.reshape(xp.max(parts), (1,))
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
-        verified = True
-    values_fn = _Chunked(steps, check and not verified, layout.data).values
+    # dynamic calibration already checked every chunk; static scales leave it to the values task
+    values_fn = _Chunked(steps, check and given is not None, layout.data).values
     if dims:
         values = dask_graph.map_chunks(values_fn, [x, stored], [glob, tab], layout.values, vdtype)
     else:

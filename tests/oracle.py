@@ -1,6 +1,6 @@
 """An independent oracle in plain NumPy (and ml_dtypes) for the numerical contract.
 
-It follows SEMANTICS.md directly, element by element and block by block, and never calls
+It follows the contract (docs/spec.md) directly, element by element and block by block, and never calls
 arrayquant's kernels: the library is checked against it, codes and stored scales exactly.
 """
 
@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 F32_TINY = np.float32(1.1754944e-38)
+F32_MAX = float(np.finfo(np.float32).max)
 
 VALUES = {  # name: (bits, a, b)
     "q8f": (8, -128, 127),
@@ -114,6 +115,11 @@ def value_range(value: str) -> tuple[int, float, float]:
     return VALUES[value]
 
 
+def effective(glob: np.ndarray, stored: np.ndarray) -> np.ndarray:
+    """``g * s_r`` of a two-level scheme: exact in f64, saturated at the f32 maximum, rounded to f32."""
+    return np.minimum(np.float64(glob[0]) * stored.astype(np.float64), F32_MAX).astype(np.float32)
+
+
 def quantize(x: np.ndarray, case: Case, rounding: str = "half_even", table: np.ndarray | None = None):
     """Codes (int8, or uint8 for float values), stored scales (f32 grid) and the global."""
     x = np.asarray(x, dtype=np.float32)
@@ -129,7 +135,11 @@ def quantize(x: np.ndarray, case: Case, rounding: str = "half_even", table: np.n
         alpha = np.zeros(grid, dtype=np.float32)
         for idx, sl in regions:
             alpha[idx] = max(abs(x[sl].min()), abs(x[sl].max()))
-    s = (alpha * np.float32(2)) / span if table is None else alpha / np.float32(np.abs(table).max())
+    if table is None:
+        # in f64, then one rounding to f32: the correctly rounded quotient, with no overflow of 2 * alpha
+        s = (alpha.astype(np.float64) * 2.0 / float(span)).astype(np.float32)
+    else:
+        s = alpha / np.float32(np.abs(table).max())
     glob = None
     if case.two_level:
         g = np.float32(s.max()) / np.float32(SCALE_MAX[case.scale])
@@ -137,7 +147,7 @@ def quantize(x: np.ndarray, case: Case, rounding: str = "half_even", table: np.n
         s = s / g
         glob = np.array([g], dtype=np.float32)
     stored = round_up(s, case.scale)
-    eff = stored if glob is None else (glob[0] * stored).astype(np.float32)
+    eff = stored if glob is None else effective(glob, stored)
     codes = np.zeros(x.shape, dtype=np.uint8 if is_float else np.int8)
     for idx, sl in regions:
         e = eff.reshape(-1)[0] if case.block is None else eff[idx]
@@ -165,7 +175,7 @@ def dequantize(
     codes: np.ndarray, stored: np.ndarray, glob: np.ndarray | None, case: Case, table: np.ndarray | None = None
 ) -> np.ndarray:
     """``eff * code`` in f32, element by element from the block map."""
-    eff = stored if glob is None else (glob[0] * stored).astype(np.float32)
+    eff = stored if glob is None else effective(glob, stored)
     out = np.zeros(codes.shape, dtype=np.float32)
     regions = (
         [((0,), tuple(slice(None) for _ in codes.shape))] if case.block is None else _blocks(codes.shape, case.block)
@@ -178,7 +188,9 @@ def dequantize(
             q = float_values(codes[sl], case.value)
         else:
             q = codes[sl].astype(np.float32)
-        out[sl] = q * e
+        # the exact product in f64, saturated at the f32 maximum, then rounded to f32
+        prod = q.astype(np.float64) * np.float64(e)
+        out[sl] = np.clip(prod, -F32_MAX, F32_MAX).astype(np.float32)
     return out
 
 

@@ -1,7 +1,7 @@
-"""arrayquant pinned to Burn's own test vectors and to the worked examples of SEMANTICS.md.
+"""arrayquant pinned to Burn's own test vectors and to the worked examples of docs/spec.md.
 
 Every expected number below is copied from a Burn test (the file is cited above each case) or
-printed in the spec's SEMANTICS.md; none is computed with arrayquant. Paths are in the
+printed in docs/spec.md; none is computed with arrayquant. Paths are in the
 tracel-ai/burn repository.
 
 Burn's CPU backends rounded with Rust's ``f32::round`` (half away from zero), so Burn CPU results
@@ -236,7 +236,7 @@ def test_compute_q_params_per_block(xp):
 
 
 def test_compute_q_params_two_level_spec_example(xp):
-    # SEMANTICS.md §2 two-level normalisation: block scales
+    # docs/spec.md, two-level normalisation: block scales
     #   [0.014173228, 0.014173228, 0.00031496063, 0.00031496063] -> g = 3.163667e-05,
     #   block [448, 448, 9.955555, 9.955555]. Those block scales are exactly the Q8S scales of
     #   Burn's per_block_symmetric_int8 range (crates/burn-backend-tests/src/tensor/quantization/
@@ -350,7 +350,7 @@ def test_q8s_packed_along_outermost_axis_rank3(xp):
 
 
 def test_quantized_nbytes_burn_layouts():
-    # SEMANTICS.md §4 worked example and crates/burn-std/src/tensor/quantization.rs
+    # docs/spec.md, Burn byte layout worked example and crates/burn-std/src/tensor/quantization.rs
     #   should_pack_unpack_two_level_scales: Q8S Native, block [4] UE4M3, per-tensor F32, 8 values
     #   -> 8 + 2 + 4 = 14 bytes.
     two_level = q8s().with_store("native").per_block([4], "ue4m3").per_tensor("f32")
@@ -364,7 +364,7 @@ def test_quantized_nbytes_burn_layouts():
 
 
 def test_quantized_tensor_nbytes_two_level(xp):
-    # SEMANTICS.md §4 worked example size (14 bytes) through a real quantized tensor.
+    # docs/spec.md, Burn byte layout worked example size (14 bytes) through a real quantized tensor.
     scheme = aq.QuantScheme.parse("q8s:block4:ue4m3:tensor:f32:native")
     x = xp.asarray(f32([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, -6.0, -0.5]))
     qt = aq.quantize(x, scheme)
@@ -372,7 +372,7 @@ def test_quantized_tensor_nbytes_two_level(xp):
 
 
 # ------------------------------------------------------------------------------------------------
-# Scale round-up (SEMANTICS.md §1 "ScaleDtype and the round-up rule")
+# Scale round-up (docs/spec.md, "The round-up rule")
 # ------------------------------------------------------------------------------------------------
 
 _ROUND_UP_EXAMPLES = [

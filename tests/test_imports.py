@@ -1,6 +1,6 @@
 """Import hygiene: no optional backend on import, and imports that flow one way between layers.
 
-Layers (STYLE.md habit 8): errors (0) < scheme (1) < invariants (2) < kernels (3) < backends (4)
+Layers (imports flow one way): errors (0) < scheme (1) < invariants (2) < kernels (3) < backends (4)
 < everything else at the top level: quantize, dequantize, storage, tensor, chunks, convert,
 ``__init__``, ... (5). A module may import from its own layer or a lower one only. Array library
 names appear only under ``backends/``; ``scheme/`` and ``errors`` import no array code at all.
@@ -27,7 +27,7 @@ ARRAY_LIBRARIES = ("numpy", "cupy", "torch", "jax", "dask", "array_api_strict", 
 KERNEL_FORBIDDEN = ("numpy", "cupy", "torch", "jax", "dask")
 # host-side I/O and the command line read and write NumPy buffers, and the benchmark times the
 # peers (ml_dtypes, torch, jax, cupy, imported inside its functions); kernels never do
-HOST_LAYERS = ("backends", "io", "cli", "cli_commands", "bench")
+HOST_LAYERS = ("backends", "io", "cli", "cli_commands", "bench", "metrics")
 PURE_FORBIDDEN = (*ARRAY_LIBRARIES, "array_api_compat")
 OPTIONAL_BACKENDS = ("cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 

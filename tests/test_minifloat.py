@@ -35,7 +35,7 @@ def sweep(value: str) -> np.ndarray:
 def test_codes_equal_ml_dtypes(xp, value: str) -> None:
     y = sweep(value)
     ns = array_api_compat.array_namespace(xp.asarray(np.zeros(1, np.float32)))
-    if flushes_subnormals(ns):  # SEMANTICS §6: subnormal inputs may differ there
+    if flushes_subnormals(ns):  # docs/spec.md, backends: subnormal inputs may differ there
         y = y[~((np.abs(y) < np.float32(2.0**-126)) & (y != 0))]
     got = to_host(encode(xp.asarray(y), VALUES[value], xp=ns))
     np.testing.assert_array_equal(got, oracle.float_codes(y, value))

@@ -1,4 +1,4 @@
-"""The public surface: ``__all__`` is honest and every name of API.md exists and behaves as listed."""
+"""The public surface: ``__all__`` is honest; every public API name (docs/spec.md) exists and behaves as listed."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_every_module_all_is_honest(module: types.ModuleType) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# API.md: the scheme model
+# The public API: the scheme model
 # ---------------------------------------------------------------------------------------------
 
 API_NAMES = [
@@ -98,7 +98,7 @@ API_NAMES = [
 
 @pytest.mark.parametrize("name", API_NAMES)
 def test_api_name_exists_and_is_listed(name: str) -> None:
-    assert hasattr(aq, name), f"aq.{name} (API.md) is missing"
+    assert hasattr(aq, name), f"aq.{name} (docs/spec.md) is missing"
     assert name in aq.__all__
 
 
@@ -219,7 +219,7 @@ def test_qparams() -> None:
 
 def test_nf4() -> None:
     if not hasattr(aq, "NF4"):
-        pytest.fail("aq.NF4 (API.md: the 16-entry NF4 codebook) is missing")
+        pytest.fail("aq.NF4 (docs/spec.md: the 16-entry NF4 codebook) is missing")
     raw = np.asarray(aq.NF4 if isinstance(aq.NF4, (list, tuple)) else to_host(aq.NF4), dtype=np.float64)
     table = raw.astype(np.float32)
     assert table.shape == (16,)
@@ -231,7 +231,7 @@ def test_nf4() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# API.md: functions and the quantized tensor
+# The public API: functions and the quantized tensor
 # ---------------------------------------------------------------------------------------------
 
 SIGNATURES = {
@@ -259,7 +259,7 @@ def _bare_signature(fn: Any) -> str:
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))
 def test_function_signature(name: str) -> None:
-    assert hasattr(aq, name), f"aq.{name} (API.md) is missing"
+    assert hasattr(aq, name), f"aq.{name} (docs/spec.md) is missing"
     fn = getattr(aq, name)
     assert callable(fn)
     assert _bare_signature(fn) == SIGNATURES[name]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .invariants import Plan
+from .invariants import Plan, can_read
 from .kernels import (
     absmax,
     as_blocks,
@@ -25,7 +25,8 @@ from .kernels import (
     quantize_int,
     quantize_lookup,
 )
-from .scheme import Calibration
+from .kernels.minifloat import FORMATS
+from .scheme import F32_MAX, Calibration
 from .storage import pack_codes, unpack_values
 
 __all__ = ["Steps", "max_of"]
@@ -33,21 +34,21 @@ __all__ = ["Steps", "max_of"]
 
 @dataclass(frozen=True)
 class Steps:
-    """How to calibrate, encode and decode chunks of rank-``rank`` data under ``plan``.
+    """How to calibrate, encode and decode chunks of data of ``shape`` (the whole array's) under ``plan``.
 
     ``scrub`` marks input not verified finite: calibration then skips NaN/inf and encoding maps
-    NaN to code 0. ``table`` is the lookup table of a lookup scheme (else None).
+    NaN to code 0 (the NaN code for E4M3/E5M2). ``table`` is the lookup table of a lookup scheme (else None).
     """
 
     plan: Plan
-    rank: int
+    shape: tuple[int, ...]
     calibration: Calibration = Calibration.MINMAX
     rounding: str = "half_even"
     scrub: bool = False
 
     @property
     def dims(self) -> tuple[int, ...]:
-        return self.plan.block_dims(self.rank)
+        return self.plan.block_dims(self.shape)
 
     def alpha(self, xc: Any, *, xp: Any) -> Any:
         """``max|x|`` (or the AbsMean range) per block of the chunk: its part of the scale grid."""
@@ -71,12 +72,32 @@ class Steps:
 
     def decode(self, values: Any, eff: Any, table: Any, n_packed: int, *, xp: Any) -> Any:
         """f32 values of a chunk of stored values; ``n_packed`` is its unpadded packed-axis length."""
-        codes = unpack_values(values, self.plan, self.rank, n_packed, xp=xp)
+        codes = unpack_values(values, self.plan, len(self.shape), n_packed, xp=xp)
         dims = self.dims
         if not dims:
-            return self._decode(codes, eff, table, xp=xp)
-        cb = as_blocks(pad_to_blocks(codes, dims, xp=xp, edge=False), dims, xp=xp)
-        return from_blocks(self._decode(cb, grid_as_blocks(eff, xp=xp), table, xp=xp), tuple(codes.shape), xp=xp)
+            y = self._decode(codes, eff, table, xp=xp)
+        else:
+            cb = as_blocks(pad_to_blocks(codes, dims, xp=xp, edge=False), dims, xp=xp)
+            y = from_blocks(self._decode(cb, grid_as_blocks(eff, xp=xp), table, xp=xp), tuple(codes.shape), xp=xp)
+        if self._may_overflow(eff, table, xp=xp):
+            # why: a rounded-up scale times the largest code can pass the f32 maximum (MXFP8 of
+            # f32-max data: 448 * 2^120), which stands for data that was finite: saturate, never inf
+            y = xp.clip(y, -F32_MAX, F32_MAX)
+        return y
+
+    def _may_overflow(self, eff: Any, table: Any, *, xp: Any) -> bool:
+        """Whether some code times ``eff`` can exceed the f32 maximum (always, if ``eff`` cannot be read now)."""
+        if not can_read(eff):
+            return True
+        plan = self.plan
+        if table is not None:
+            top = float(xp.max(xp.abs(table)))
+        elif plan.value.is_float:
+            top = FORMATS[plan.value].max
+        else:
+            top = float(max(-plan.qmin, plan.qmax))
+        # margin: an f32 product rounds to inf from half an ulp below the maximum onwards
+        return float(xp.max(eff)) * top > F32_MAX * (1 - 2.0**-20)
 
     def _encode(self, y: Any, eff: Any, table: Any, *, xp: Any) -> Any:
         plan = self.plan

@@ -19,9 +19,35 @@ def asarray(obj: Any, *, backend: str | None = None, device: Any = None) -> Any:
     share memory, by one explicit copy between the host and a GPU (see the guide, "Devices and
     hand-off between libraries").
 
+    Parameters
+    ----------
+    obj : array or array-like
+        An array of any supported library, or Python/NumPy data.
+    backend : {"numpy", "cupy", "torch", "jax", "dask", "array_api_strict"}, optional
+        The target library; default: ``obj``'s own library, or ``aq.backends.default()`` for
+        plain data.
+    device : str or device, optional
+        ``"cpu"``, ``"cuda:1"`` or a library's own device object.
+
+    Returns
+    -------
+    array
+        The data in ``backend`` on ``device``, bit for bit (bfloat16 and fp8 included).
+
+    Raises
+    ------
+    BackendUnavailableError
+        The backend is not installed or cannot run here (CuPy without a GPU).
+    DeviceError
+        A device the backend does not have.
+    DTypeError
+        A dtype the target library lacks.
+
+    Examples
+    --------
     >>> import arrayquant as aq
-    >>> aq.asarray([1.0, 2.0], backend="array_api_strict", device="device1").device
-    array_api_strict.Device('device1')
+    >>> aq.asarray([1.0, 2.0], backend="numpy").tolist()
+    [1.0, 2.0]
     """
     if backend is None:
         backend = shim.backend_name(obj) if compat.is_array_api_obj(obj) else default().name

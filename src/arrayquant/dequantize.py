@@ -23,11 +23,40 @@ __all__ = ["dequantize"]
 def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     """The float array a quantized tensor stands for, in ``dtype`` (default: the original).
 
-    >>> import array_api_strict as xp
+    Values are ``eff * decode(code)`` computed in f32 (``eff`` the stored scale, times the global
+    of a two-level scheme), saturating at the f32 maximum, then cast to ``dtype``.
+
+    Parameters
+    ----------
+    qt : QuantizedTensor
+        From :func:`quantize`, :func:`from_bytes` or :func:`load`.
+    dtype : dtype or str, optional
+        A real floating dtype of the tensor's library, or its name (``"float32"``, ``"float16"``,
+        ``"bfloat16"``, ``"float64"``). Default: the dtype the tensor was quantized from.
+
+    Returns
+    -------
+    array
+        Of ``qt.shape``, in the namespace and on the device of ``qt.values`` (lazy for Dask).
+
+    Raises
+    ------
+    ParamsError
+        ``qt`` is not a QuantizedTensor, or its scales do not fit its scheme.
+    ShapeError
+        Values or scales of the wrong shape or dtype for the scheme and ``qt.shape``.
+    DTypeError
+        ``dtype`` is not a real floating dtype of the tensor's library.
+
+    Examples
+    --------
+    >>> import numpy as np
     >>> from arrayquant import quantize
-    >>> x = xp.asarray([[0.5, -1.0, 0.25, 2.0]])
-    >>> [float(v) for v in dequantize(quantize(x, "q8s:native"))[0, ...]]
-    [0.5039370059967041, -1.0078740119934082, 0.25196850299835205, 2.0]
+    >>> x = np.array([[0.5, -1.0, 0.25, 2.0]], dtype=np.float32)
+    >>> dequantize(quantize(x, "q8s:native")).tolist()
+    [[0.5039370059967041, -1.0078740119934082, 0.25196850299835205, 2.0]]
+    >>> dequantize(quantize(x, "q8s:native"), "float16").dtype
+    dtype('float16')
     """
     if not isinstance(qt, QuantizedTensor):
         msg = f"qt must be an aq.QuantizedTensor from aq.quantize, got {type(qt).__name__}"
@@ -39,6 +68,15 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     stored = QParams(qt.scales, qt.global_scale, qt.table)
     scales, glob, tab = check_params(stored, plan, shape, xp, device, what="qt")
     out_dtype = qt.dtype if dtype is None else dtype
+    if isinstance(out_dtype, str):
+        name = out_dtype.strip().lower()
+        out_dtype = shim.named_dtype(qt.values, name)
+        if out_dtype is None:
+            msg = (
+                f"dtype {name!r} is not a dtype of {xp.__name__}; use 'float32', 'float16', 'float64' "
+                "or 'bfloat16' (NumPy needs ml_dtypes for bfloat16)"
+            )
+            raise DTypeError(msg)
     if not is_real_float(xp, out_dtype):
         msg = f"dtype {out_dtype} is not a real floating dtype of {xp.__name__}; dequantize to e.g. xp.float32"
         raise DTypeError(msg)
@@ -47,11 +85,11 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
         with shim.quiet(xp):
             return dequantize_lazy(qt, plan, scales, glob, tab, out_dtype)
     rank = len(shape)
-    dims = plan.block_dims(rank)
+    dims = plan.block_dims(shape)
     axis = plan.packed_axis(rank)
     n_axis = shape[axis] if axis is not None else 0
     chunks = row_chunks(shape, dims[0] if dims else 1, axis, fields_per_word(plan), shim.slab_friendly(qt.values))
-    steps = Steps(plan, rank)
+    steps = Steps(plan, shape)
     with shim.quiet(xp):
         eff = effective_scale(scales, glob, plan, xp=xp)
         out = Sink(len(chunks), shape, out_dtype, xp, device)

@@ -48,8 +48,9 @@ class _Layout:
     values: tuple[tuple[int, ...], ...]
 
 
-def _units(plan: Plan, rank: int) -> list[int]:
-    dims = plan.block_dims(rank)
+def _units(plan: Plan, shape: tuple[int, ...]) -> list[int]:
+    rank = len(shape)
+    dims = plan.block_dims(shape)
     units = list(dims) if dims else [1] * rank
     axis = plan.packed_axis(rank)
     if axis is not None:
@@ -59,7 +60,7 @@ def _units(plan: Plan, rank: int) -> list[int]:
 
 def _layout(plan: Plan, data: tuple[tuple[int, ...], ...]) -> _Layout:
     rank = len(data)
-    dims = plan.block_dims(rank)
+    dims = plan.block_dims(tuple(sum(sizes) for sizes in data))
     axis = plan.packed_axis(rank)
     per_word = fields_per_word(plan)
     grid = tuple(tuple(-(-n // d) for n in sizes) for sizes, d in zip(data, dims, strict=True)) if dims else ((1,),)
@@ -168,7 +169,7 @@ class _Chunked:
     def decode(self, v: Any, stored: Any, glob: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
         """The f32 data of a chunk of stored values (``self.data`` are the data's chunk sizes)."""
         xp = _ns(v)
-        plan, rank = self.steps.plan, self.steps.rank
+        plan, rank = self.steps.plan, len(self.steps.shape)
         axis = plan.packed_axis(rank)
         shape = tuple(self.data[a][i] for a, i in enumerate(block_id))
         slabs = row_chunks(shape, self.steps.dims[0] if self.steps.dims else 1, axis, fields_per_word(plan), True)
@@ -205,13 +206,12 @@ def quantize_lazy(
     """Quantize the dask array ``x`` (already validated) into a lazy :class:`QuantizedTensor`."""
     xp = shim.kernel_namespace(compat.array_namespace(x))
     shape = tuple(int(n) for n in x.shape)
-    rank = len(shape)
-    dims = plan.block_dims(rank)
-    x = dask_graph.rechunk(x, dask_graph.aligned(x.chunks, _units(plan, rank)))
+    dims = plan.block_dims(shape)
+    x = dask_graph.rechunk(x, dask_graph.aligned(x.chunks, _units(plan, shape)))
     layout = _layout(plan, tuple(x.chunks))
     f32 = xp.float32
     vdtype = getattr(xp, values_layout(plan, shape)[1])
-    steps = Steps(plan, rank, cal, rounding, scrub=not check)
+    steps = Steps(plan, shape, cal, rounding, scrub=not check)
     # with the check on, chunk tasks raise on NaN/inf before encoding: only unchecked input is scrubbed
     chunked = _Chunked(steps, check, layout.data)
     glob = None
@@ -259,16 +259,16 @@ def dequantize_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, glob: Any, tab
     """The float dask array a lazy (validated) quantized tensor stands for."""
     shape = qt.shape
     rank = len(shape)
-    dims = plan.block_dims(rank)
+    dims = plan.block_dims(shape)
     axis = plan.packed_axis(rank)
     per_word = fields_per_word(plan)
     data = [tuple(n for n in sizes if n) or (0,) for sizes in qt.values.chunks]  # no empty chunks
     if axis is not None:  # words back to fields: every chunk but the last holds whole words
         words = data[axis]
         data[axis] = (*(n * per_word for n in words[:-1]), shape[axis] - per_word * sum(words[:-1]))
-    layout = _layout(plan, dask_graph.aligned(tuple(data), _units(plan, rank)))
+    layout = _layout(plan, dask_graph.aligned(tuple(data), _units(plan, shape)))
     values = dask_graph.rechunk(qt.values, layout.values)
-    chunked = _Chunked(Steps(plan, rank), False, layout.data)
+    chunked = _Chunked(Steps(plan, shape), False, layout.data)
     f32 = compat.array_namespace(values).float32
     if dims:
         y = dask_graph.map_chunks(

@@ -58,23 +58,73 @@ def _scheme(scheme: QuantScheme | str) -> Plan:
 def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | str = "minmax") -> tuple[Any, Any]:
     """``(min, max)`` of ``x`` shaped as the scheme's scale grid, in f32.
 
-    >>> import array_api_strict as xp
-    >>> lo, hi = compute_range(xp.asarray([[1.0, -3.0, 2.0]]), "q8s:block2:f32")
-    >>> lo.shape, [float(v) for v in hi[0, ...]]
-    ((1, 2), [1.0, 2.0])
+    Parameters
+    ----------
+    x : array
+        Real floating data of any Array API backend, at least 1-d, at most 32 axes.
+    scheme : QuantScheme or str
+        The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
+    calibration : {"minmax", "absmean"}
+        ``"minmax"``: the min and max per block (or tensor). ``"absmean"``: ``(-g, g)`` with ``g``
+        the mean of ``|x|``, summed by a fixed tree (one-level schemes only).
+
+    Returns
+    -------
+    (min, max) : tuple of arrays
+        f32 arrays shaped as the scale grid (``(1,)`` per tensor), in ``x``'s namespace and device.
+
+    Raises
+    ------
+    SchemeError
+        An invalid scheme or calibration (``"absmean"`` with a two-level scheme).
+    DTypeError
+        ``x`` is not a real floating array.
+    ShapeError
+        ``x`` is 0-d, empty, of more than 32 axes, or of lower rank than the block.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> lo, hi = compute_range(np.array([[1.0, -3.0, 2.0]]), "q8s:block2:f32")
+    >>> lo.shape, hi.tolist()
+    ((1, 2), [[1.0, 2.0]])
     """
     plan = _scheme(scheme)
     cal = check_calibration(calibration, plan)
     xp, _ = check_input(x, plan)
     with shim.quiet(xp):
-        return _compute_range(x, plan.block_dims(x.ndim), cal, xp=shim.kernel_namespace(xp))
+        return _compute_range(x, plan.block_dims(tuple(x.shape)), cal, xp=shim.kernel_namespace(xp))
 
 
 def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: Any = None) -> QParams:  # noqa: A002
     """Unrounded scales from a range; for a two-level scheme, normalised block scales and the global.
 
-    >>> import array_api_strict as xp
-    >>> p = compute_q_params("q8s", xp.asarray([-1.27]), xp.asarray([0.5]))
+    Parameters
+    ----------
+    scheme : QuantScheme or str
+        The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
+    min, max : arrays
+        The range, shaped as the scale grid, as :func:`compute_range` gives it.
+    table : array, optional
+        The lookup table of a lookup scheme (its scale is ``max|x| / max|table|``); a scheme
+        with a codebook (``"nf4"``) brings its own.
+
+    Returns
+    -------
+    QParams
+        ``scales`` (f32, unrounded), ``global_scale`` (``(1,)`` f32 for a two-level scheme, else
+        None) and ``table``. :func:`quantize` rounds the scales up onto the scale dtype.
+
+    Raises
+    ------
+    SchemeError, ParamsError, ShapeError, DeviceError
+        An invalid scheme, a missing or misshapen table, ``min`` and ``max`` of different shapes,
+        namespaces or devices.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = compute_q_params("q8s", np.array([-1.27]), np.array([0.5]))
     >>> round(float(p.scales[0]), 6)
     0.01
     """
@@ -94,8 +144,30 @@ def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: An
 def round_up_scales(s: Any, scale_dtype: ScaleDtype | str) -> Any:
     """Scales as stored: each rounded up to ``scale_dtype``'s grid (f32 result).
 
-    >>> import array_api_strict as xp
-    >>> [float(v) for v in round_up_scales(xp.asarray([1.0012, 0.3]), "f16")]
+    Parameters
+    ----------
+    s : array
+        Non-negative real floating scales.
+    scale_dtype : ScaleDtype or {"f32", "f16", "bf16", "ue4m3", "ue8m0"}
+        The storage dtype. Each scale becomes the smallest value of that dtype not below it;
+        scales beyond the dtype's maximum saturate at it.
+
+    Returns
+    -------
+    array
+        f32 scales of the same shape, namespace and device.
+
+    Raises
+    ------
+    ParamsError
+        Scales that are not real floating values, or a negative scale.
+    SchemeError
+        An unknown scale dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> round_up_scales(np.array([1.0012, 0.3]), "f16").tolist()
     [1.001953125, 0.300048828125]
     """
     dtype = ScaleDtype.coerce(scale_dtype)
@@ -127,10 +199,58 @@ def quantize(
 ) -> QuantizedTensor:
     """Quantize ``x`` with ``scheme``: dynamically (``params=None``) or with given parameters.
 
-    >>> import array_api_strict as xp
-    >>> qt = quantize(xp.asarray([[0.5, -1.0, 0.25, 2.0]]), "q8s:block2:f16:native")
-    >>> [int(c) for c in qt.codes()[0, ...]], [float(s) for s in qt.scales[0, ...]]
-    ([63, -127, 16, 127], [0.00788116455078125, 0.0157623291015625])
+    Parameters
+    ----------
+    x : array
+        Real floating data of any Array API backend (NumPy, CuPy, torch, JAX, Dask,
+        array-api-strict), at least 1-d and at most 32 axes. The result lives in the same
+        namespace and on the same device; a Dask input gives a lazy result.
+    scheme : QuantScheme or str
+        The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
+    params : QParams, optional
+        Static parameters (scales shaped as the scale grid, and the global scale of a two-level
+        scheme). None calibrates them from ``x``.
+    calibration : {"minmax", "absmean"}
+        How dynamic quantization finds each block's range (see :func:`compute_range`).
+    table : array, optional
+        The ``2**bits`` entries of a lookup scheme's table (e.g. ``aq.NF4``); schemes that name
+        a codebook (``"nf4"``) need none.
+    rounding : {"half_even", "half_away"}
+        Integer values only: ties to even (default, as Burn's GPU kernels), or away from zero
+        (as Burn's CPU backends, Rust's ``f32::round``).
+    check_finite : bool
+        True (default) refuses NaN and infinities with :class:`NonFiniteInputError`. False
+        calibrates on the finite values, saturates infinities to the range ends, and gives NaN
+        code 0 (integer values, E2M1) or the NaN code (E4M3/E5M2).
+
+    Returns
+    -------
+    QuantizedTensor
+        Stored values, stored (rounded-up) scales as f32, the global scale of a two-level scheme.
+
+    Raises
+    ------
+    SchemeError
+        An invalid scheme, calibration or rounding name.
+    ParamsError
+        Parameters or a table that do not fit the scheme (MissingGlobalScaleError,
+        UnexpectedGlobalScaleError), scales that are negative, non-finite or beyond f32.
+    ShapeError
+        ``x`` 0-d, empty or of more than 32 axes; a block or packed axis the data lacks; a scale
+        grid of the wrong shape.
+    DTypeError
+        ``x`` is not a real floating array.
+    NonFiniteInputError
+        NaN or infinity in ``x`` while ``check_finite`` is on.
+    DeviceError
+        Parameters in another namespace or on another device than ``x``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> qt = quantize(np.array([[0.5, -1.0, 0.25, 2.0]]), "q8s:block2:f16:native")
+    >>> qt.codes().tolist(), qt.scales.tolist()
+    ([[63, -127, 16, 127]], [[0.00788116455078125, 0.0157623291015625]])
     """
     plan = _scheme(scheme)
     rounding = check_rounding(rounding, plan)
@@ -167,11 +287,11 @@ def _quantize(
     device: Any,
 ) -> QuantizedTensor:
     shape = tuple(int(n) for n in x.shape)
-    dims = plan.block_dims(len(shape))
+    dims = plan.block_dims(shape)
     chunked = shim.slab_friendly(x)
     chunks = row_chunks(shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), fields_per_word(plan), chunked)
     # input not verified finite (check off, or unreadable now): scrub NaN, calibrate on finite values
-    steps = Steps(plan, len(shape), cal, rounding, scrub=not (check_requested and readable))
+    steps = Steps(plan, shape, cal, rounding, scrub=not (check_requested and readable))
     grid = plan.grid_shape(shape)
     f32 = xp.float32
 

@@ -46,6 +46,26 @@ def values_layout(plan: Plan, shape: tuple[int, ...]) -> tuple[tuple[int, ...], 
 def quantized_nbytes(scheme: QuantScheme | str, shape: tuple[int, ...]) -> int:
     """Exact length of the Burn byte layout: values, then scales, then the f32 global.
 
+    Parameters
+    ----------
+    scheme : QuantScheme or str
+        The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
+    shape : int or tuple of int
+        The data's shape (an int is 1-d).
+
+    Returns
+    -------
+    int
+        The byte count :func:`to_bytes` writes and :func:`from_bytes` expects.
+
+    Raises
+    ------
+    SchemeError, ShapeError
+        An invalid scheme; a shape with no axes, an extent below 1, more than 32 axes, or a
+        packed axis the data lacks.
+
+    Examples
+    --------
     >>> quantized_nbytes("q8s:block4:ue4m3:tensor:f32:native", (8,))
     14
     >>> quantized_nbytes("q4s", (3, 3))  # each line padded to a whole word
@@ -94,8 +114,33 @@ def check_values(values: Any, plan: Plan, shape: tuple[int, ...], xp: Any, name:
 def pack(codes: Any, scheme: QuantScheme | str) -> Any:
     """Pack codes along the scheme's packed axis (``rank - 1 - dim``) into its storage.
 
-    >>> import array_api_strict as xp
-    >>> words = pack(xp.asarray([[1, -1, 2]], dtype=xp.int8), "q4s")
+    Parameters
+    ----------
+    codes : array
+        int8 codes (integer values) or uint8 codes (E4M3/E5M2/E2M1), at least 1-d.
+    scheme : QuantScheme or str
+        The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
+
+    Returns
+    -------
+    array
+        The stored values: the codes themselves for a native store, uint32 words for
+        ``packed_u32`` (field k of a word in bits ``[k*bits, (k+1)*bits)``), uint8 bytes of two
+        E2M1 codes for ``packed_native``. The packed axis is padded to whole words.
+
+    Raises
+    ------
+    DTypeError
+        Codes of the wrong dtype for the value kind.
+    ShapeError
+        0-d codes, or a packed axis the codes lack.
+    SchemeError
+        An invalid scheme.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> words = pack(np.array([[1, -1, 2]], dtype=np.int8), "q4s")
     >>> hex(int(words[0, 0]))
     '0x2f1'
     """
@@ -112,7 +157,35 @@ def pack(codes: Any, scheme: QuantScheme | str) -> Any:
 
 
 def unpack(values: Any, scheme: QuantScheme | str, shape: tuple[int, ...]) -> Any:
-    """Codes of data of ``shape`` from stored ``values`` (int8, or uint8 for float values)."""
+    """Codes of data of ``shape`` from stored ``values`` (int8, or uint8 for float values).
+
+    Parameters
+    ----------
+    values : array
+        Stored values as :func:`pack` (or :func:`quantize`) made them.
+    scheme : QuantScheme or str
+        The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
+    shape : int or tuple of int
+        The data's shape (an int is 1-d, as in NumPy); it gives the unpadded packed length.
+
+    Returns
+    -------
+    array
+        int8 codes (integer values, sign-extended) or uint8 codes (float values) of ``shape``.
+
+    Raises
+    ------
+    ShapeError
+        A shape with no axes or more than 32, or values of the wrong dtype or shape for it.
+    SchemeError
+        An invalid scheme.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> unpack(np.array([0x2F1], dtype=np.uint32), "q4s", 3).tolist()
+    [1, -1, 2]
+    """
     plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
     xp = namespace_of(values, "values")
     if isinstance(shape, tuple) and not shape:

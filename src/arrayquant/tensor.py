@@ -70,6 +70,14 @@ class QuantizedTensor:
         """The same tensor on ``device`` (``"cpu"``, ``"cuda:1"`` or a native device)."""
         return self.to_backend(shim.backend_name(self.values), device)
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        # why: without this NumPy silently wraps the tensor in a 0-d object array
+        msg = (
+            "a QuantizedTensor holds codes and scales, not float values; call aq.dequantize(qt) for the "
+            "float array it stands for, or use qt.codes() / qt.scales for the stored parts"
+        )
+        raise TypeError(msg)
+
     def __repr__(self) -> str:
         return (
             f"QuantizedTensor(scheme={str(self.scheme)!r}, shape={self.shape}, "

@@ -25,6 +25,7 @@ __all__ = [
     "device_name",
     "flushes_subnormals",
     "kernel_namespace",
+    "named_dtype",
     "native_device",
     "quiet",
     "slab_friendly",
@@ -200,6 +201,19 @@ def _native_dtype(backend: str, name: str) -> Any:
     if backend == "array_api_strict" and found is not None and name not in _DLPACK_DTYPES:
         return None
     return found
+
+
+def named_dtype(x: Any, name: str) -> Any:
+    """The dtype called ``name`` (``"float16"``, ``"bfloat16"``) in the library of array ``x``, or None."""
+    backend = backend_name(x)
+    if backend == "dask":
+        backend = "numpy"  # dask arrays take NumPy dtypes
+    if backend not in _IMPORTERS:
+        return None
+    try:
+        return _native_dtype(backend, name)
+    except (ImportError, TypeError):
+        return None
 
 
 def _target_dtype(backend: str, name: str) -> Any:

@@ -1,6 +1,7 @@
 """The invariant layer: every entry point checks schemes, parameters and data here first."""
 
 from .data import (
+    MAX_RANK,
     can_read,
     check_finite,
     check_input,
@@ -13,6 +14,7 @@ from .params import CheckedParams, check_params, check_scale_values, check_table
 from .plan import Plan, check_calibration, check_rounding, plan_for
 
 __all__ = [
+    "MAX_RANK",
     "CheckedParams",
     "Plan",
     "can_read",

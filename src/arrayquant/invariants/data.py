@@ -13,6 +13,8 @@ from .plan import Plan
 
 __all__ = [
     "CHECK_CHUNK_ELEMENTS",
+    "MAX_ELEMENTS",
+    "MAX_RANK",
     "can_read",
     "check_finite",
     "check_input",
@@ -23,6 +25,21 @@ __all__ = [
 ]
 
 CHECK_CHUNK_ELEMENTS = 1 << 20  # finiteness is checked in slices so its mask stays small
+# why 32: block kernels view each axis as (grid, block), doubling the rank, and NumPy allows 64 axes
+MAX_RANK = 32
+MAX_ELEMENTS = 2**62  # element counts (and the byte sizes of up to f64 arrays) stay within int64
+
+
+def _check_extent(shape: tuple[int, ...], name: str) -> None:
+    if len(shape) > MAX_RANK:
+        msg = (
+            f"{name} has {len(shape)} axes; quantized tensors have at most {MAX_RANK}, so merge axes "
+            f"first (e.g. reshape to 2-d)"
+        )
+        raise ShapeError(msg)
+    if math.prod(shape) > MAX_ELEMENTS:
+        msg = f"{name} {list(shape)} has {math.prod(shape)} elements, more than the {MAX_ELEMENTS} any array can hold"
+        raise ShapeError(msg)
 
 
 def namespace_of(x: Any, name: str = "x") -> Any:
@@ -63,13 +80,16 @@ def check_input(x: Any, plan: Plan, name: str = "x") -> tuple[Any, Any]:
     if math.prod(shape) == 0:
         msg = f"{name} has shape {shape} with no elements; there is nothing to calibrate or quantize"
         raise ShapeError(msg)
+    _check_extent(shape, name)
     plan.block_dims(len(shape))
     plan.packed_axis(len(shape))
     return xp, compat.device(x)
 
 
 def check_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
-    """A data shape as a tuple of Python ints, each at least 1, rank at least 1."""
+    """A data shape as a tuple of Python ints, each at least 1, rank at least 1 (an int is 1-d, as in NumPy)."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
     try:
         dims = tuple(operator.index(n) for n in shape)
     except TypeError:
@@ -78,6 +98,7 @@ def check_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
     if not dims or min(dims) < 1 or isinstance(shape, (str, bytes)):
         msg = f"{name} {shape!r} must have at least one axis and every extent >= 1, e.g. (4, 64)"
         raise ShapeError(msg)
+    _check_extent(dims, name)
     return dims
 
 
@@ -145,7 +166,8 @@ def check_finite(x: Any, xp: Any, name: str = "x", origin: tuple[int, ...] | Non
         msg = (
             f"{name} has {count} {what} element(s){where} (first at index {at}: {value}); "
             "quantization computes in float32, so clean or rescale the data (e.g. "
-            "xp.where(xp.isfinite(x), x, 0)) or pass check_finite=False to saturate infinities and map NaN to code 0"
+            "xp.where(xp.isfinite(x), x, 0)) or pass check_finite=False: infinities then saturate to the range ends "
+            "and NaN becomes code 0 (integer values, E2M1) or the NaN code (E4M3/E5M2, dequantizing to NaN)"
         )
         raise NonFiniteInputError(msg)
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import array_api_compat as compat
 
 from ..errors import MissingGlobalScaleError, ParamsError, ShapeError, UnexpectedGlobalScaleError
-from ..scheme import QParams, QuantMode
+from ..scheme import CODEBOOKS, F32_MAX, QParams, QuantMode, to_f32
 from .data import can_read, check_same_place, is_real_float
 from .plan import Plan
 
@@ -18,16 +19,36 @@ CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or Non
 
 
 def _as_f32(value: Any, name: str, xp: Any, device: Any) -> Any:
-    if compat.is_array_api_obj(value):
-        if not is_real_float(xp, value.dtype):
-            msg = f"{name} has dtype {value.dtype}; scales must be real floating values (they are used as f32)"
+    with warnings.catch_warnings():
+        # a float64 beyond the f32 range becomes inf in the cast: reported below as a typed error
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if compat.is_array_api_obj(value):
+            if not is_real_float(xp, value.dtype):
+                msg = f"{name} has dtype {value.dtype}; scales must be real floating values (they are used as f32)"
+                raise ParamsError(msg)
+            source = value
+        else:
+            try:
+                source = xp.asarray(value, device=device)
+            except (TypeError, ValueError, OverflowError) as exc:
+                msg = f"{name} must be an array of floats, got {value!r:.200} ({exc})"
+                raise ParamsError(msg) from None
+        try:
+            out = xp.astype(source, xp.float32)
+        except (TypeError, ValueError) as exc:
+            msg = f"{name} must be an array of floats, got {value!r:.200} ({exc})"
+            raise ParamsError(msg) from None
+    if can_read(source) and is_real_float(xp, source.dtype):
+        src = xp.reshape(source, (-1,))
+        over = xp.logical_and(xp.isfinite(src), xp.abs(src) > F32_MAX)
+        if bool(xp.any(over)):
+            i = int(xp.argmax(xp.astype(over, xp.uint8)))
+            msg = (
+                f"{name} has a value beyond the float32 range at flat index {i} ({float(src[i])}); scales are "
+                f"used as f32, whose largest finite value is {F32_MAX:g}, so rescale the data or the scales"
+            )
             raise ParamsError(msg)
-        return xp.astype(value, xp.float32)
-    try:
-        return xp.asarray(value, dtype=xp.float32, device=device)
-    except (TypeError, ValueError) as exc:
-        msg = f"{name} must be an array of floats, got {value!r} ({exc})"
-        raise ParamsError(msg) from None
+    return out
 
 
 def check_scale_values(arr: Any, name: str, xp: Any) -> None:
@@ -109,6 +130,9 @@ def check_params(
 def check_table(table: Any, plan: Plan, xp: Any, device: Any) -> Any:
     """A LOOKUP table must be present with exactly ``2**bits`` entries; absent otherwise."""
     lookup = plan.scheme.mode is QuantMode.LOOKUP
+    codebook = plan.scheme.codebook
+    if table is None and codebook is not None:
+        return xp.asarray(CODEBOOKS[codebook], dtype=xp.float32, device=device)
     if table is None:
         if lookup:
             msg = f"scheme {plan.scheme} is in lookup mode but no table was given; pass table=aq.NF4 or your codebook"
@@ -126,4 +150,12 @@ def check_table(table: Any, plan: Plan, xp: Any, device: Any) -> Any:
     if tuple(tab.shape) != (want,):
         msg = f"table has shape {tuple(tab.shape)}; a {plan.bits}-bit lookup needs exactly ({want},) entries"
         raise ShapeError(msg)
+    if codebook is not None and can_read(tab):
+        named = [float(to_f32(v)) for v in CODEBOOKS[codebook]]
+        if [float(v) for v in tab] != named:
+            msg = (
+                f"the table given differs from codebook {codebook!r} that scheme {plan.scheme} names; "
+                "drop the table argument, or drop the codebook from the scheme to use your own table"
+            )
+            raise ParamsError(msg)
     return tab

@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 
 from ..errors import ParamsError, SchemeError, ShapeError
-from ..scheme import BlockSize, Calibration, QuantMode, QuantScheme, QuantValue, ScaleDtype
+from ..scheme import CODEBOOKS, BlockSize, Calibration, QuantMode, QuantScheme, QuantValue, ScaleDtype
 
 __all__ = [
     "TWO_LEVEL_BLOCK_MAX",
@@ -37,11 +37,20 @@ class Plan:
     def store_kind(self) -> str:
         return self.scheme.store.kind
 
-    def block_dims(self, rank: int) -> tuple[int, ...]:
-        """Block extents for data of ``rank`` (all of it for a per-tensor scheme)."""
+    def block_dims(self, shape: int | tuple[int, ...]) -> tuple[int, ...]:
+        """Block extents for data of ``shape`` (``()`` for a per-tensor scheme).
+
+        Each extent is clamped to the data's extent on its axis: a block longer than its axis
+        covers the axis whole, as the clamped block does (the grid has extent 1 there either way,
+        and the scales and codes are the same bits), so padding never exceeds one partial block
+        per axis whatever the scheme says. Given only a rank, the extents are the scheme's own.
+        """
         if self.block is None:
             return ()
-        return self.block.to_dims(rank)
+        if isinstance(shape, int):
+            return self.block.to_dims(shape)
+        dims = self.block.to_dims(len(shape))
+        return tuple(min(b, max(n, 1)) for b, n in zip(dims, shape, strict=True))
 
     def grid_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The scale grid for data of ``shape``: ``(1,)`` per tensor, else one per block."""
@@ -61,16 +70,20 @@ class Plan:
         return rank - 1 - store.dim
 
 
-@functools.lru_cache(maxsize=256)
 def plan_for(scheme: QuantScheme) -> Plan:
     """Validate ``scheme`` (array-free, cached) and resolve it into a :class:`Plan`.
 
     >>> plan_for(QuantScheme().with_value("q4s").per_block(32, "f16")).qmax
     7
     """
-    if not isinstance(scheme, QuantScheme):
+    if not isinstance(scheme, QuantScheme):  # before the cache: a list would not even hash
         msg = f"scheme must be a QuantScheme (or text for QuantScheme.parse), got {type(scheme).__name__}"
         raise SchemeError(msg)
+    return _plan(scheme)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(scheme: QuantScheme) -> Plan:
     value = scheme.value
     if scheme.store.kind == "packed_native" and value is not QuantValue.E2M1:
         msg = (
@@ -100,6 +113,15 @@ def plan_for(scheme: QuantScheme) -> Plan:
             f"so it needs an integer value, not {value.name}; use e.g. with_value('q4f')"
         )
         raise SchemeError(msg)
+    if scheme.codebook is not None:
+        entries = len(CODEBOOKS[scheme.codebook])
+        if scheme.mode is not QuantMode.LOOKUP or 1 << value.bits != entries:
+            msg = (
+                f"scheme {scheme}: codebook {scheme.codebook!r} has {entries} entries and needs lookup mode "
+                f"with a {entries.bit_length() - 1}-bit value, not {scheme.mode.value} {value.name}; "
+                f"start from the preset {scheme.codebook!r}"
+            )
+            raise SchemeError(msg)
     if scheme.scale_rule == "ocp" and (
         not value.is_float or scheme.block_scale is not ScaleDtype.UE8M0 or scheme.is_two_level
     ):

@@ -7,7 +7,7 @@ from typing import Any
 from array_api_compat import device as device_of
 
 from ..invariants import Plan
-from ..scheme import F32_TINY, ScaleDtype
+from ..scheme import F32_MAX, F32_TINY, ScaleDtype
 from .minifloat import FORMATS
 from .roundup import round_up_scales
 
@@ -37,13 +37,16 @@ def scales_from_absmax(alpha: Any, plan: Plan, *, xp: Any, table: Any = None) ->
 
 
 def block_scales(alpha: Any, plan: Plan, *, xp: Any, table: Any = None) -> Any:
-    """One-level scales ``2 * alpha / (b - a)`` (or ``alpha / max|table|``), before two-level normalisation."""
+    """One-level scales ``2 * alpha / (b - a)`` (or ``alpha / max|table|``), before two-level normalisation.
+
+    Computed as ``alpha / ((b - a) / 2)``: halving ``b - a`` and doubling ``alpha`` are both exact,
+    so the correctly rounded quotient is the same bits as Burn's multiply-then-divide, except that
+    ``2 * alpha`` no longer overflows for data in the top binade of f32.
+    """
     if table is not None:
         return xp.divide(alpha, xp.max(xp.abs(table)))
-    dev = device_of(alpha)
-    two = xp.asarray(2.0, dtype=xp.float32, device=dev)
-    span = xp.asarray(plan.value.span, dtype=xp.float32, device=dev)
-    return xp.divide(xp.multiply(alpha, two), span)  # multiply first, then divide, as Burn does
+    half_span = xp.asarray(plan.value.span / 2, dtype=xp.float32, device=device_of(alpha))
+    return xp.divide(alpha, half_span)
 
 
 def global_scale(s_max: Any, plan: Plan, *, xp: Any) -> Any:
@@ -80,10 +83,15 @@ def scales_from_range(lo: Any, hi: Any, plan: Plan, *, xp: Any, table: Any = Non
 
 
 def effective_scale(stored: Any, glob: Any, plan: Plan, *, xp: Any) -> Any:
-    """What codes are multiplied by: the stored scale, times the global in f32 if two-level."""
+    """What codes are multiplied by: the stored scale, times the global in f32 if two-level.
+
+    The product saturates at the f32 maximum: rounding the global down and the block scale up can
+    carry it just past it when the data reaches the top of f32 (Q2S, whose scale is ``max|x|``).
+    """
     if glob is None:
         return stored
-    return xp.multiply(xp.reshape(glob, (1,) * stored.ndim), stored)
+    eff = xp.multiply(xp.reshape(glob, (1,) * stored.ndim), stored)
+    return xp.minimum(eff, xp.asarray(F32_MAX, dtype=xp.float32, device=device_of(eff)))
 
 
 def store_scales(s: Any, plan: Plan, *, xp: Any) -> Any:

@@ -8,9 +8,22 @@ from typing import Any
 
 from ..errors import SchemeError, ShapeError
 
-__all__ = ["MAX_BLOCK_DIMS", "BlockSize"]
+__all__ = ["MAX_BLOCK_DIMS", "BlockSize", "parse_extents"]
 
 MAX_BLOCK_DIMS = 5
+_MAX_DIGITS = 18  # any extent a real tensor can have; longer digit strings are typos or attacks
+
+
+def parse_extents(text: str, what: str) -> tuple[int, ...]:
+    """``"32"`` or ``"4x32"`` as a tuple of ints, or a :class:`SchemeError` naming ``what``.
+
+    Only ASCII digits count (``int()`` would also take ``"²"``'s cousins, ``"1_0"`` and spaces).
+    """
+    parts = text.split("x")
+    if not all(p.isascii() and p.isdigit() and len(p) <= _MAX_DIGITS for p in parts):
+        msg = f"bad block extents {text[:60]!r} in {what[:120]!r}; write e.g. '32' or '4x32' (ASCII digits only)"
+        raise SchemeError(msg)
+    return tuple(int(p) for p in parts)
 
 
 class BlockSize:
@@ -24,16 +37,20 @@ class BlockSize:
     (1, 32)
     >>> BlockSize((2, 32)).num_blocks((5, 64))
     (3, 2)
+    >>> BlockSize("4x32") == BlockSize((4, 32))
+    True
     """
 
     __slots__ = ("_dims",)
     _dims: tuple[int, ...]
 
-    def __init__(self, dims: int | Iterable[int] | BlockSize) -> None:
+    def __init__(self, dims: int | str | Iterable[int] | BlockSize) -> None:
         if isinstance(dims, BlockSize):
             raw: tuple[Any, ...] = dims.dims
         elif isinstance(dims, int) and not isinstance(dims, bool):
             raw = (dims,)
+        elif isinstance(dims, str):
+            raw = parse_extents(dims.strip().lower(), dims)  # the text form, "32" or "4x32"
         else:
             try:
                 raw = tuple(dims)  # type: ignore[arg-type]

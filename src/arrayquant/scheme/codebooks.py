@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .scales import to_f32
 
-__all__ = ["NF4"]
+__all__ = ["CODEBOOKS", "NF4"]
 
 # NormalFloat4 (QLoRA, Dettmers et al. 2023): quantiles of N(0, 1) scaled to [-1, 1], as f32.
 NF4: tuple[float, ...] = tuple(
@@ -28,3 +28,7 @@ NF4: tuple[float, ...] = tuple(
         1.0,
     )
 )
+
+# Built-in tables a scheme can name (``QuantScheme.codebook``), so that it needs no table argument
+# and its text form, checkpoints and Burn byte buffers say which table decodes it.
+CODEBOOKS: dict[str, tuple[float, ...]] = {"nf4": NF4}

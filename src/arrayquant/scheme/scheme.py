@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SchemeError
-from .block import BlockSize
+from .block import BlockSize, parse_extents
+from .codebooks import CODEBOOKS
 from .scales import ScaleDtype
 from .store import QuantStore
 from .values import QuantMode, QuantValue
@@ -45,6 +46,7 @@ class QuantScheme:
     tensor: ScaleDtype | None = None
     block: tuple[BlockSize, ScaleDtype] | None = None
     scale_rule: str = "round_up"
+    codebook: str | None = None
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -53,6 +55,12 @@ class QuantScheme:
         setattr_(self, "mode", QuantMode.coerce(self.mode))
         if self.tensor is not None:
             setattr_(self, "tensor", ScaleDtype.coerce(self.tensor))
+        if self.codebook is not None:
+            name = str(self.codebook).strip().lower()
+            if name not in CODEBOOKS:
+                msg = f"unknown codebook {self.codebook!r}; built-in codebooks: {', '.join(map(repr, CODEBOOKS))}"
+                raise SchemeError(msg)
+            setattr_(self, "codebook", name)
         if self.scale_rule not in SCALE_RULES:
             msg = f"unknown scale rule {self.scale_rule!r}; use one of {', '.join(map(repr, SCALE_RULES))}"
             raise SchemeError(msg)
@@ -84,6 +92,18 @@ class QuantScheme:
         """
         return dataclasses.replace(self, scale_rule=str(rule).strip().lower())
 
+    def with_codebook(self, name: str | None) -> QuantScheme:
+        """Lookup mode with a built-in table (``"nf4"``), which then needs no ``table`` argument.
+
+        ``None`` drops the codebook (the scheme stays in lookup mode and needs a table).
+
+        >>> str(QuantScheme().with_value("q4f").per_block(32).with_codebook("nf4"))
+        'q4f:block32:f32:lookup:nf4'
+        """
+        if name is None:
+            return dataclasses.replace(self, codebook=None)
+        return dataclasses.replace(self, mode=QuantMode.LOOKUP, codebook=name)
+
     def per_tensor(self, dtype: ScaleDtype | str = ScaleDtype.F32) -> QuantScheme:
         """Set the per-tensor level (with a block level too, the scheme becomes two-level)."""
         return dataclasses.replace(self, tensor=ScaleDtype.coerce(dtype))
@@ -114,6 +134,13 @@ class QuantScheme:
         """OCP MXFP4: E2M1, block [32] UE8M0, PackedNative(0)."""
         return cls(
             QuantValue.E2M1, QuantStore.packed_native(0), QuantMode.SYMMETRIC, None, (BlockSize(32), ScaleDtype.UE8M0)
+        )
+
+    @classmethod
+    def nf4(cls) -> QuantScheme:
+        """NF4 as bitsandbytes uses it: 4-bit indices into the NF4 codebook, one F32 absmax scale per 64 values."""
+        return cls(
+            QuantValue.Q4F, QuantStore(), QuantMode.LOOKUP, None, (BlockSize(64), ScaleDtype.F32), codebook="nf4"
         )
 
     # -- level resolution ---------------------------------------------------------------------
@@ -157,6 +184,14 @@ class QuantScheme:
         for name, make in PRESETS.items():
             if make() == self:
                 return name
+        return self.spelled_out()
+
+    def spelled_out(self) -> str:
+        """The text form token by token, even for a preset (which ``str`` names).
+
+        >>> QuantScheme.nvfp4().spelled_out()
+        'e2m1:block16:ue4m3:tensor:f32:packed_native'
+        """
         parts = [self.value.value]
         if self.block is not None:
             parts += [f"block{self.block[0]}", self.block[1].value]
@@ -164,10 +199,12 @@ class QuantScheme:
             parts += ["tensor", self.tensor.value]
         if self.store != QuantStore():
             parts.append(str(self.store))
-        if self.mode is not QuantMode.SYMMETRIC:
-            parts.append(self.mode.value)
+        if self.mode is not QuantMode.SYMMETRIC or self.codebook is not None:
+            parts.append(self.mode.value)  # a codebook token alone would read back as lookup
         if self.scale_rule != "round_up":
             parts.append(self.scale_rule)
+        if self.codebook is not None:
+            parts.append(self.codebook)
         return ":".join(parts)
 
     def __repr__(self) -> str:
@@ -179,7 +216,8 @@ class QuantScheme:
 
         Tokens are ``:``-separated: the value first, then in any order ``block<N>[x<M>...]
         [:dtype]``, ``tensor[:dtype]``, a store (``native``, ``packed_u32[:dim]``,
-        ``packed_native[:dim]``) and a mode (``symmetric``, ``lookup``). A missing dtype is f32.
+        ``packed_native[:dim]``), a mode (``symmetric``, ``lookup``), a scale rule (``round_up``,
+        ``ocp``) and a codebook (``nf4``, which implies ``lookup``). A missing dtype is f32.
 
         >>> QuantScheme.parse("q8s:block16:ue4m3:tensor:f32:native").is_two_level
         True
@@ -195,7 +233,10 @@ class QuantScheme:
             msg = f"empty scheme text {text!r}; start with a value such as 'q8s' or a preset"
             raise SchemeError(msg)
         if tokens[0] in PRESETS:
-            msg = f"preset {tokens[0]!r} takes no modifiers in {text!r}; build on QuantScheme.{tokens[0]}()"
+            msg = (
+                f"preset {tokens[0]!r} takes no modifiers in {text[:200]!r}; spell the scheme out and change "
+                f"what you need, starting from {PRESETS[tokens[0]]().spelled_out()!r}"
+            )
             raise SchemeError(msg)
         try:
             fields: dict[str, Any] = {"value": QuantValue.coerce(tokens[0])}
@@ -223,9 +264,12 @@ class QuantScheme:
             i += 1
             if tok.startswith("block"):
                 try:
-                    dims = tuple(int(d) for d in tok[5:].split("x"))
-                except ValueError:
-                    msg = f"bad block token {tok!r} in {text!r}; write e.g. 'block32' or 'block4x32'"
+                    dims = parse_extents(tok[5:], text)
+                except SchemeError:
+                    msg = (
+                        f"bad block token {tok[:60]!r} in {text[:120]!r}; write e.g. 'block32' or 'block4x32' "
+                        "(ASCII digits only)"
+                    )
                     raise SchemeError(msg) from None
                 dtype = take_optional(lambda t: t in dtypes) or "f32"
                 set_once("block", (BlockSize(dims), ScaleDtype.coerce(dtype)), tok)
@@ -233,18 +277,26 @@ class QuantScheme:
                 dtype = take_optional(lambda t: t in dtypes) or "f32"
                 set_once("tensor", ScaleDtype.coerce(dtype), tok)
             elif tok in ("native", "packed_u32", "packed_native"):
-                dim = take_optional(str.isdigit)
+                dim = take_optional(lambda t: t.isascii() and t.isdigit())
+                if dim is not None and len(dim) > 2:  # packed axes count from the last of at most 32
+                    msg = f"store dim {dim[:60]!r} in {text[:120]!r} is too large; the dim is a small axis number"
+                    raise SchemeError(msg)
                 set_once("store", QuantStore(tok, int(dim) if dim else 0), tok)
             elif tok in ("symmetric", "lookup"):
                 set_once("mode", QuantMode.coerce(tok), tok)
             elif tok in SCALE_RULES:
                 set_once("scale_rule", tok, tok)
+            elif tok in CODEBOOKS:
+                set_once("codebook", tok, tok)
             else:
                 msg = (
                     f"unknown token {tok!r} in scheme text {text!r}; expected block<N>[:dtype], "
-                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric, lookup, round_up or ocp"
+                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric, lookup, round_up, ocp "
+                    f"or a codebook ({', '.join(CODEBOOKS)})"
                 )
                 raise SchemeError(msg)
+        if "codebook" in fields:
+            fields.setdefault("mode", QuantMode.LOOKUP)
         return cls(**fields)
 
 
@@ -252,4 +304,5 @@ PRESETS = {
     "nvfp4": QuantScheme.nvfp4,
     "mxfp8": QuantScheme.mxfp8,
     "mxfp4": QuantScheme.mxfp4,
+    "nf4": QuantScheme.nf4,
 }

@@ -252,13 +252,14 @@ def test_layout_on_disk(tmp_path: Path) -> None:
     path = tmp_path / "w.safetensors"
     aq.save(path, {"w": qt})
     entries, meta = read_entries(path)
-    assert meta["arrayquant.format"] == "1"
+    assert meta["arrayquant.format"] == "2"
     assert json.loads(meta["arrayquant.tensor.w"]) == {"scheme": TWO_LEVEL, "dtype": "float32", "shape": [2, 8]}
-    assert entries["w"][:2] == ("I8", [2, 8])
+    assert sorted(entries) == ["w.global_scale", "w.qvalues", "w.scales"]  # nothing under the plain name
+    assert entries["w.qvalues"][:2] == ("I8", [2, 8])
     assert entries["w.scales"][:2] == ("F8_E4M3", [2, 2])
     assert entries["w.global_scale"][:2] == ("F32", [1])
     # the Burn bytes are exactly values, scales and global one after another
-    assert entries["w"][2] + entries["w.scales"][2] + entries["w.global_scale"][2] == aq.to_bytes(qt)
+    assert entries["w.qvalues"][2] + entries["w.scales"][2] + entries["w.global_scale"][2] == aq.to_bytes(qt)
 
 
 @pytest.mark.parametrize(
@@ -417,10 +418,11 @@ def test_broken_file_builder_round_trips_a_good_file(tmp_path: Path) -> None:
     assert aq.to_bytes(out["w"]) == aq.to_bytes(aq.load(tmp_path / "good.safetensors")["w"])
 
 
-@pytest.mark.parametrize("version", ["2", "0", "1.0", "", "one"])
+@pytest.mark.parametrize("version", ["3", "0", "1.0", "", "one"])
 def test_unknown_format_version(tmp_path: Path, version: str) -> None:
     path = broken(tmp_path, lambda e, m: m.update({"arrayquant.format": version}))
-    with pytest.raises(aq.CorruptDataError, match=rf"checkpoint format '{version}'; this arrayquant reads format '1'"):
+    pattern = rf"checkpoint format '{version}'; this arrayquant reads format '2' \(and the older '1'\), upgrade it"
+    with pytest.raises(aq.CorruptDataError, match=pattern):
         aq.load(path)
 
 
@@ -468,8 +470,10 @@ def test_unreadable_tensor_metadata(tmp_path: Path, info: str, error: type[Excep
 
 
 def test_described_tensor_without_values(tmp_path: Path) -> None:
-    path = broken(tmp_path, lambda e, m: e.pop("w"))
-    with pytest.raises(aq.CorruptDataError, match="tensor 'w' is described in the metadata but its values entry"):
+    path = broken(tmp_path, lambda e, m: e.pop("w.qvalues"))
+    with pytest.raises(
+        aq.CorruptDataError, match=r"tensor 'w' is described in the metadata but its values entry 'w\.qvalues' is"
+    ):
         aq.load(path)
 
 
@@ -542,10 +546,25 @@ def test_unexpected_global_scale(tmp_path: Path) -> None:
             r"'w\.global_scale' has dtype F16, expected F32",
         ),
         ("w.global_scale", ("F32", [2], np.ones(2, "<f4").tobytes()), aq.ShapeError, r"tensor 'w'.*global"),
-        ("w", ("I8", [16], bytes(16)), aq.ShapeError, r"tensor 'w': values have shape \(16,\) but .* stores \(2, 8\)"),
-        ("w", ("I8", [2, 7], bytes(14)), aq.ShapeError, r"tensor 'w': values have shape \(2, 7\)"),
-        ("w", ("U8", [2, 8], bytes(16)), aq.CorruptDataError, r"entry 'w' has dtype U8, expected I8"),
-        ("w", ("U32", [2, 2], bytes(16)), aq.CorruptDataError, r"entry 'w' has dtype U32, expected I8"),
+        (
+            "w.qvalues",
+            ("I8", [16], bytes(16)),
+            aq.ShapeError,
+            r"tensor 'w': values have shape \(16,\) but .* stores \(2, 8\)",
+        ),
+        ("w.qvalues", ("I8", [2, 7], bytes(14)), aq.ShapeError, r"tensor 'w': values have shape \(2, 7\)"),
+        (
+            "w.qvalues",
+            ("U8", [2, 8], bytes(16)),
+            aq.CorruptDataError,
+            r"^tensor 'w': entry 'w\.qvalues' has dtype U8, expected I8$",
+        ),
+        (
+            "w.qvalues",
+            ("U32", [2, 2], bytes(16)),
+            aq.CorruptDataError,
+            r"^tensor 'w': entry 'w\.qvalues' has dtype U32, expected I8$",
+        ),
     ],
 )
 def test_wrong_dtypes_and_shapes(tmp_path: Path, key: str, entry: Entry, error: type[Exception], pattern: str) -> None:
@@ -615,7 +634,7 @@ def test_e2m1_native_byte_that_is_no_code(tmp_path: Path) -> None:
     codes = bytes([0x01] * 7 + [0x10])
 
     def edit(e: dict[str, Entry], m: dict[str, str]) -> None:
-        e["w"] = ("U8", [2, 8], codes + bytes(8))
+        e["w.qvalues"] = ("U8", [2, 8], codes + bytes(8))
 
     path = broken(tmp_path, edit, scheme="e2m1:block4:ue4m3:tensor:f32:native")
     with pytest.raises(aq.CorruptDataError, match=r"^tensor 'w': byte 0x10 at flat index 7 is not an E2M1 code"):
@@ -641,7 +660,7 @@ def test_table_for_a_scheme_without_lookup(tmp_path: Path) -> None:
 def test_values_byte_count_that_does_not_match(tmp_path: Path) -> None:
     """A header whose shape needs more (or fewer) bytes than its offsets span: named, never read."""
     good, _ = read_entries(good_file(tmp_path))
-    data = good["w"][2] + good["w.scales"][2] + good["w.global_scale"][2]
+    data = good["w.qvalues"][2] + good["w.scales"][2] + good["w.global_scale"][2]
     meta = {"arrayquant.format": "1", "arrayquant.tensor.w": describe(TWO_LEVEL, [2, 8])}
     for shape in ([2, 9], [2, 7], [3, 8]):
         header = {
@@ -727,7 +746,7 @@ def test_metadata_shape_far_beyond_the_data_does_not_allocate(tmp_path: Path) ->
 
     def run() -> None:
         with pytest.raises(
-            aq.ShapeError, match=r"tensor 'w': values have shape \(4,\) but .* stores \(1099511627776, 1099511627776\)"
+            aq.ShapeError, match=r"^tensor 'w': w shape in the metadata \[1099511627776, 1099511627776\] has"
         ):
             aq.load(path)
 

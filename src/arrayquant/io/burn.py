@@ -16,7 +16,7 @@ from ..backends import default, shim
 from ..errors import CorruptDataError, DTypeError, MissingGlobalScaleError, ParamsError
 from ..invariants import Plan, check_params, check_scale_values, check_shape, namespace_of, plan_for
 from ..kernels import round_up_scales
-from ..scheme import QParams, QuantScheme, QuantValue, ScaleDtype
+from ..scheme import QParams, QuantMode, QuantScheme, QuantValue, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor
 
@@ -150,12 +150,22 @@ def from_bytes(
     >>> qt.scales.tolist(), qt.global_scale.tolist(), aq.dequantize(qt).tolist()[:3]
     ([0.5, 0.125], [3.0], [0.0, 37.5, 76.5])
     """
-    plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
+    plan = plan_for(scheme if isinstance(scheme, QuantScheme) else QuantScheme.parse(scheme))
     shape = check_shape(shape)
+    if plan.scheme.mode is QuantMode.LOOKUP and plan.scheme.codebook is None:
+        msg = (
+            f"scheme {plan.scheme} looks its values up in a table of your own, which the Burn byte layout does "
+            "not hold; build the tensor with aq.QuantizedTensor(..., table=...) instead, or use a scheme "
+            "with a named codebook (such as nf4)"
+        )
+        raise ParamsError(msg)
     try:
         raw = memoryview(buf).cast("B").tobytes()
-    except TypeError:
-        msg = f"buf must be bytes-like (bytes, bytearray, memoryview), got {type(buf).__name__}"
+    except (TypeError, ValueError, BufferError) as exc:  # not a buffer; non-contiguous; a dtype with no format
+        msg = (
+            f"buf must be a contiguous bytes-like object (bytes, bytearray, memoryview), got "
+            f"{type(buf).__name__} ({exc})"
+        )
         raise DTypeError(msg) from None
     vshape, vdtype = values_layout(plan, shape)
     n_scales = math.prod(plan.grid_shape(shape))

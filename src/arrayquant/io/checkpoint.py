@@ -1,16 +1,29 @@
 """Checkpoints on safetensors: quantized tensors and plain arrays in one file, validated on load.
 
-Layout, per quantized tensor ``name``: the stored values under ``name``, the stored scales under
-``name.scales``, the two-level per-tensor scale under ``name.global_scale`` and a lookup table
-under ``name.table``; the scheme, original dtype and shape in the file's metadata under
-``arrayquant.tensor.<name>`` (JSON), with ``arrayquant.format`` naming the format version.
-Scales use safetensors' own dtypes (F32, F16, BF16, F8_E4M3 for UE4M3, F8_E8M0 for UE8M0).
+Layout (format 2), per quantized tensor ``name``:
+
+- ``name.qvalues``: the stored values (int8, uint8 or uint32 words, as the scheme stores them);
+- ``name.scales``: the stored scales, in safetensors' own dtypes (F32, F16, BF16, F8_E4M3 for
+  UE4M3, F8_E8M0 for UE8M0);
+- ``name.global_scale``: the f32 per-tensor scale of a two-level scheme, shape ``(1,)``;
+- ``name.table``: a lookup table, f32;
+- in the file's metadata, ``arrayquant.tensor.<name>``: JSON with the scheme, original dtype and
+  shape; ``arrayquant.format`` names the format version (``"2"``).
+
+No entry carries the tensor's own name, so a float loader that looks for ``name`` (a
+``state_dict`` with ``strict=True``, say) reports it missing instead of taking the codes for
+weights. Plain arrays are stored under their names, as any safetensors file. Format 1, written
+before, stored the values under ``name`` itself; it is still read. Names ending in one of the
+suffixes above, or starting with ``arrayquant.``, are refused on write.
+
 Writes go to a temporary file in the target folder that is renamed over the target, so a crash
-never leaves a truncated checkpoint under the target name.
+never leaves a truncated checkpoint under the target name. Reading goes through the one
+safetensors reader, :mod:`arrayquant.io.reader`, which the ``arrayquant`` commands use too.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -23,55 +36,29 @@ import array_api_compat as compat
 import numpy as np
 
 from ..backends import dask_graph, default, shim
-from ..errors import (
-    BackendUnavailableError,
-    CorruptDataError,
-    DTypeError,
-    MissingGlobalScaleError,
-    QuantizationError,
-    ShapeError,
-    UnexpectedGlobalScaleError,
-)
+from ..errors import BackendUnavailableError, DTypeError, ShapeError
 from ..invariants import Plan, check_params, check_shape, plan_for
-from ..scheme import QParams, QuantScheme, ScaleDtype
+from ..scheme import QParams, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor, dtype_name
-from .burn import check_codes, decode_scales, encode_scales
+from .burn import encode_scales
+from .reader import (
+    _FORMAT_KEY,
+    _PLAIN,
+    _SCALE_DTYPES,
+    _SIBLINGS,
+    _TENSOR_KEY,
+    _VALUE_DTYPES,
+    FORMAT_VERSION,
+    VALUES_SUFFIX,
+    Checkpoint,
+    _ml_dtype,
+    read_header,
+)
 from .regions import ChunkTarget, write_all
 
 __all__ = ["FORMAT_VERSION", "load", "read_header", "save", "save_stream"]
 
-FORMAT_VERSION = "1"
-_FORMAT_KEY = "arrayquant.format"
-_TENSOR_KEY = "arrayquant.tensor."
-_SIBLINGS = (".scales", ".global_scale", ".table")
-# safetensors header dtype <-> (numpy dtype of the raw data, TensorSpec dtype name)
-_PLAIN = {
-    "F64": ("<f8", "float64"),
-    "F32": ("<f4", "float32"),
-    "F16": ("<f2", "float16"),
-    "BF16": ("<u2", "bfloat16"),
-    "I64": ("<i8", "int64"),
-    "I32": ("<i4", "int32"),
-    "I16": ("<i2", "int16"),
-    "I8": ("i1", "int8"),
-    "U32": ("<u4", "uint32"),
-    "U16": ("<u2", "uint16"),
-    "U8": ("u1", "uint8"),
-    "BOOL": ("u1", "bool"),
-    "F8_E4M3": ("u1", "float8_e4m3fn"),
-    "F8_E5M2": ("u1", "float8_e5m2"),
-    "F8_E8M0": ("u1", "float8_e8m0fnu"),
-}
-_SCALE_DTYPES = {
-    ScaleDtype.F32: "F32",
-    ScaleDtype.F16: "F16",
-    ScaleDtype.BF16: "BF16",
-    ScaleDtype.UE4M3: "F8_E4M3",
-    ScaleDtype.UE8M0: "F8_E8M0",
-}
-_VALUE_DTYPES = {"int8": "I8", "uint8": "U8", "uint32": "U32"}
-_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _Part = tuple[Any, str, list[int]]  # (bytes, a host array or a lazy source; header dtype; shape)
 
 
@@ -84,14 +71,24 @@ def _safetensors() -> Any:
     return safetensors
 
 
+_BY_NAME = {spec_name: header for header, (_, spec_name) in _PLAIN.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _kind_of(dtype: Any) -> str | None:
+    return _BY_NAME.get(dtype_name(dtype))  # str(dtype) is slow beside the rest of a tiny tensor's write
+
+
 def _header_kind(name: str, dtype: Any) -> str:
     """The safetensors header dtype for arrays of ``dtype``."""
-    kind = dtype_name(dtype)
-    for header, (_, spec_name) in _PLAIN.items():
-        if spec_name == kind:
-            return header
-    msg = f"tensor {name!r} has dtype {dtype}, which a safetensors checkpoint cannot hold"
-    raise DTypeError(msg)
+    try:
+        kind = _kind_of(dtype)
+    except TypeError:  # a dtype that cannot be hashed
+        kind = _BY_NAME.get(dtype_name(dtype))
+    if kind is None:
+        msg = f"tensor {name!r} has dtype {dtype}, which a safetensors checkpoint cannot hold"
+        raise DTypeError(msg)
+    return kind
 
 
 def _raw(host: np.ndarray, header: str) -> np.ndarray:
@@ -170,14 +167,14 @@ def _stored_entries(name: str, st: _Stored) -> dict[str, _Part]:
     raw_values = np.dtype(vdtype).newbyteorder("<")
     out: dict[str, _Part] = {}
     if dask_graph.handles(st.values):
-        out[name] = (
+        out[name + VALUES_SUFFIX] = (
             _Lazy(st.values, raw_values.itemsize, _ValuesCodec(raw_values)),
             _VALUE_DTYPES[vdtype],
             list(vshape),
         )
     else:
         values = np.ascontiguousarray(shim.to_host(st.values))
-        out[name] = (values.astype(raw_values).tobytes(), _VALUE_DTYPES[vdtype], list(vshape))
+        out[name + VALUES_SUFFIX] = (values.astype(raw_values).tobytes(), _VALUE_DTYPES[vdtype], list(vshape))
     kind, grid = _SCALE_DTYPES[plan.scale_dtype], list(plan.grid_shape(st.shape))
     if dask_graph.handles(st.scales):
         out[name + ".scales"] = (_Lazy(st.scales, plan.scale_dtype.nbytes, _ScalesCodec(plan.scale_dtype)), kind, grid)
@@ -231,10 +228,14 @@ def _is_lazy(item: Any) -> bool:
     return dask_graph.handles(item)
 
 
-def _write(path: str, base: int, parts: dict[str, _Part], offsets: dict[str, int]) -> None:
-    """Write each part at ``base + offsets[key]`` of ``path``; lazy parts chunk by chunk, in one graph."""
+def _write(path: str, base: int, parts: dict[str, _Part], offsets: dict[str, int], fd: int | None = None) -> None:
+    """Write each part at ``base + offsets[key]`` of ``path``; lazy parts chunk by chunk, in one graph.
+
+    ``fd``, when given, is ``path`` already open for writing (and left open).
+    """
     sources, targets = [], []
-    fd = os.open(path, os.O_WRONLY)
+    own = fd is None
+    fd = os.open(path, os.O_WRONLY) if fd is None else fd
     try:
         for key, (data, _, shape) in parts.items():
             at = base + offsets[key]
@@ -244,7 +245,8 @@ def _write(path: str, base: int, parts: dict[str, _Part], offsets: dict[str, int
             else:
                 write_all(fd, data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data, at)
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
     if sources:
         dask_graph.store(sources, targets)
 
@@ -271,7 +273,10 @@ def _layout(kinds: dict[str, tuple[str, list[int], int]]) -> tuple[dict[str, Any
 
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name or name.startswith("arrayquant.") or name.endswith(_SIBLINGS):
-        msg = f"tensor name {name!r} is not allowed; use a non-empty name without the suffixes {_SIBLINGS}"
+        msg = (
+            f"tensor name {name!r} is not allowed; use a non-empty name that does not start with 'arrayquant.' "
+            f"nor end with one of {', '.join(repr(s) for s in _SIBLINGS)} (the parts of a quantized tensor)"
+        )
         raise ShapeError(msg)
 
 
@@ -337,18 +342,24 @@ def save_stream(
     # named, so lazy tensors can be written into it chunk by chunk (by dask workers too)
     spool = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".spool")  # noqa: SIM115
     try:
+        # constant work per entry (no scan of what came before), so the whole is linear in the entries
         kinds: dict[str, tuple[str, list[int], int]] = {}
         spooled: dict[str, int] = {}  # where each entry's bytes are in the spool, in arrival order
+        names: set[str] = set()
+        at = 0
         for name, item in items:
+            if name in names:
+                msg = f"tensor name {name!r} appears twice; each name must be unique"
+                raise ShapeError(msg)
             parts = _parts(name, item, meta)
+            names.add(name)
             _add(kinds, {k: (kind, shape, _nbytes(data)) for k, (data, kind, shape) in parts.items()})
-            at = sum(size for _, _, size in kinds.values()) - sum(_nbytes(data) for data, _, _ in parts.values())
             offsets = {}
             for key, (data, _, _) in parts.items():
                 offsets[key] = at
                 at += _nbytes(data)
             spooled.update(offsets)
-            _write(spool.name, 0, parts, offsets)
+            _write(spool.name, 0, parts, offsets, spool.fileno())
             del parts, item
         header, _ = _layout(kinds)
 
@@ -370,8 +381,8 @@ def _copy_range(src: Any, dst: Any, start: int, length: int) -> None:
 
 
 def _add(into: dict[str, Any], parts: dict[str, Any]) -> None:
-    """Add one item's entries, refusing a name that is already there."""
-    clash = set(parts) & set(into)
+    """Add one item's entries, refusing a name that is already there (a lookup per entry, not a scan)."""
+    clash = [k for k in parts if k in into]
     if clash:
         msg = f"tensor names {sorted(clash)} appear twice; each name (and its .scales siblings) must be unique"
         raise ShapeError(msg)
@@ -443,198 +454,44 @@ def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None
     _publish(Path(path), head, lambda _, tmp: _write(tmp, len(head), everything, offsets))
 
 
-def _blame(header: dict[str, Any]) -> str:
-    """Which entry of a refused header has a size that does not add up (for the error message)."""
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            kind = str(entry["dtype"]).upper()
-            shape = [int(n) for n in entry["shape"]]
-            start, end = (int(n) for n in entry["data_offsets"])
-        except (TypeError, KeyError, ValueError, OverflowError):
-            return f"; entry {key!r} is not a dtype, shape and data_offsets triple"
-        if kind in _PLAIN and end - start != math.prod(shape) * np.dtype(_PLAIN[kind][0]).itemsize:
-            need = math.prod(shape) * np.dtype(_PLAIN[kind][0]).itemsize
-            return (
-                f"; entry {key!r} declares shape {shape} of {kind} ({need} bytes) "
-                f"but its data_offsets span {end - start} bytes"
-            )
-    return ""
-
-
-def read_header(f: Any, path: Path, size: int) -> tuple[int, dict[str, Any]]:
-    """The length and JSON header of the safetensors file open as ``f`` (positioned at 0).
-
-    The declared length is checked against the file's ``size`` before anything of that size is
-    read, so a lying header cannot make a small file allocate gigabytes.
-    """
-    head = f.read(8)
-    if len(head) < 8:
-        msg = f"{path} has {size} bytes, too few for a safetensors header"
-        raise CorruptDataError(msg)
-    header_len = int.from_bytes(head, "little")
-    if header_len > size - 8:
-        msg = f"{path} declares a {header_len}-byte header but the file has only {size} bytes"
-        raise CorruptDataError(msg)
-    try:
-        header = json.loads(f.read(header_len))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        msg = f"{path} has an unreadable safetensors header: {exc}"
-        raise CorruptDataError(msg) from None
-    if not isinstance(header, dict):
-        msg = f"{path}: the safetensors header is not a JSON object"
-        raise CorruptDataError(msg)
-    return header_len, header
-
-
-def _read(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    st = _safetensors()
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        _, header = read_header(f, path, size)
-        f.seek(0)
-        blob = f.read()
-    try:
-        entries = dict(st.deserialize(blob))
-    except Exception as exc:  # the format library's own validation: offsets, sizes, dtypes
-        msg = f"{path} is not a valid safetensors file: {exc}{_blame(header)}"
-        raise CorruptDataError(msg) from None
-    meta = header.get("__metadata__") or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        msg = f"{path}: the metadata must map strings to strings"
-        raise CorruptDataError(msg)
-    return entries, meta
-
-
-def _array(name: str, entry: dict[str, Any], want: str | None = None) -> np.ndarray:
-    header = str(entry["dtype"]).upper()
-    if header not in _PLAIN or (want is not None and header != want):
-        expected = f"{want}" if want else f"one of {', '.join(_PLAIN)}"
-        msg = f"entry {name!r} has dtype {entry['dtype']}, expected {expected}"
-        raise CorruptDataError(msg)
-    shape = tuple(int(n) for n in entry["shape"])
-    raw_dtype = np.dtype(_PLAIN[header][0])
-    data = bytearray(entry["data"])  # writable: torch warns about read-only buffers
-    if len(data) != math.prod(shape) * raw_dtype.itemsize:
-        need = math.prod(shape) * raw_dtype.itemsize
-        msg = f"entry {name!r} holds {len(data)} bytes but its shape {shape} and dtype {header} need {need}"
-        raise CorruptDataError(msg)
-    return np.frombuffer(data, raw_dtype).reshape(shape)
-
-
-def _load_quantized(name: str, info: str, entries: dict[str, dict[str, Any]]) -> tuple[Any, ...]:
-    try:
-        meta = json.loads(info)
-        scheme = QuantScheme.parse(meta["scheme"])
-        shape = check_shape(meta["shape"], f"{name} shape in the metadata")
-        dtype = str(meta["dtype"])
-        plan = plan_for(scheme)
-    except QuantizationError as exc:
-        msg = f"tensor {name!r}: {exc}"
-        raise type(exc)(msg) from None
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        msg = f"tensor {name!r} has unreadable metadata {info!r}: {exc}"
-        raise CorruptDataError(msg) from None
-    if dtype not in _FLOAT_DTYPES:
-        msg = (
-            f"tensor {name!r} has original dtype {dtype!r} in the metadata; it must be one of "
-            f"{', '.join(_FLOAT_DTYPES)} (the float dtype the tensor was quantized from)"
-        )
-        raise CorruptDataError(msg)
-    if name not in entries:
-        msg = f"tensor {name!r} is described in the metadata but its values entry is missing"
-        raise CorruptDataError(msg)
-    vshape, vdtype = values_layout(plan, shape)
-    values = _array(name, entries[name], _VALUE_DTYPES[vdtype]).astype(vdtype)
-    check_codes(values, plan, f"tensor {name!r}")
-    if tuple(values.shape) != vshape:
-        msg = (
-            f"tensor {name!r}: values have shape {tuple(values.shape)} but scheme {scheme} on shape {shape} "
-            f"stores {vshape}"
-        )
-        raise ShapeError(msg)
-    if name + ".scales" not in entries:
-        msg = f"tensor {name!r} (scheme {scheme}) has no {name}.scales entry; the checkpoint is incomplete"
-        raise CorruptDataError(msg)
-    grid = plan.grid_shape(shape)
-    raw_scales = _array(name + ".scales", entries[name + ".scales"], _SCALE_DTYPES[plan.scale_dtype])
-    if tuple(raw_scales.shape) != grid:
-        msg = f"tensor {name!r}: {name}.scales has shape {tuple(raw_scales.shape)} but scheme {scheme} needs {grid}"
-        raise ShapeError(msg)
-    try:
-        scales = decode_scales(raw_scales.tobytes(), plan.scale_dtype, math.prod(grid)).reshape(grid)
-    except QuantizationError as exc:
-        raise type(exc)(f"tensor {name!r}: {exc}") from None
-    glob = None
-    if plan.two_level:
-        if name + ".global_scale" not in entries:
-            msg = (
-                f"tensor {name!r} uses the two-level scheme {scheme}, but the checkpoint has no per-tensor scale "
-                f"entry {name}.global_scale; re-export the tensor with its f32 per-tensor scale (shape (1,))"
-            )
-            raise MissingGlobalScaleError(msg)
-        glob = _array(name + ".global_scale", entries[name + ".global_scale"], "F32").astype(np.float32)
-    elif name + ".global_scale" in entries:
-        msg = (
-            f"tensor {name!r} has scheme {scheme}, which has one scale level, but the checkpoint has "
-            f"{name}.global_scale"
-        )
-        raise UnexpectedGlobalScaleError(msg)
-    table = None
-    if name + ".table" in entries:
-        table = _array(name + ".table", entries[name + ".table"], "F32").astype(np.float32)
-    try:
-        scales, glob, table = check_params(
-            QParams(scales, glob, table), plan, shape, compat.array_namespace(scales), "cpu", what=name
-        )
-    except QuantizationError as exc:
-        raise type(exc)(f"tensor {name!r}: {exc}") from None
-    return scheme, shape, dtype, values, scales, glob, table
-
-
 def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save`, validating every tensor before building it."""
-    entries, meta = _read(Path(path))
-    version = meta.get(_FORMAT_KEY)
-    described = {k[len(_TENSOR_KEY) :]: v for k, v in meta.items() if k.startswith(_TENSOR_KEY)}
-    if version is None and described:
-        msg = f"{path} describes quantized tensors but names no {_FORMAT_KEY}; it was not written by arrayquant"
-        raise CorruptDataError(msg)
-    if version is not None and version != FORMAT_VERSION:
-        msg = f"{path} has checkpoint format {version!r}; this arrayquant reads format {FORMAT_VERSION!r}, upgrade it"
-        raise CorruptDataError(msg)
+    """Read a checkpoint written by :func:`save`, validating every tensor before building it.
+
+    Files of format 1 (values under the tensor's own name) are read too. Tensors come in file
+    order, read one at a time (no memory map).
+
+    Parameters
+    ----------
+    path
+        The safetensors file.
+    backend, device
+        Where the arrays go (default: the default backend, its default device).
+
+    Returns
+    -------
+    dict
+        Name to :class:`~arrayquant.QuantizedTensor` for quantized tensors, to an array for the others.
+
+    Raises
+    ------
+    CorruptDataError
+        A file that is not what it claims: see :class:`arrayquant.io.reader.Checkpoint`.
+    ShapeError, SchemeError, ParamsError, MissingGlobalScaleError, UnexpectedGlobalScaleError
+        A quantized tensor whose parts do not fit its description, each naming the tensor.
+    """
     name_ = backend or default().name
-    xp = shim.namespace(name_)
-    move = lambda a: None if a is None else shim.convert(a, name_, device)
-    siblings = {n + s for n in described for s in _SIBLINGS}
-    stray = [k for k in entries if k.endswith(_SIBLINGS) and k not in siblings]
-    if stray:
-        msg = f"{path} has entries {sorted(stray)} that belong to no quantized tensor in its metadata"
-        raise CorruptDataError(msg)
+    same = name_.strip().lower() == "numpy" and device is None  # host arrays as read: nothing to convert
+    move = (lambda a: a) if same else (lambda a: shim.convert(a, name_, device))
     out: dict[str, Any] = {}
-    for name, info in described.items():
-        scheme, shape, dtype, values, scales, glob, table = _load_quantized(name, info, entries)
-        out[name] = QuantizedTensor(
-            scheme, shape, getattr(xp, dtype, xp.float32), move(values), move(scales), move(glob), move(table)
-        )
-    for name, entry in entries.items():
-        if name in out or name in siblings:
-            continue
-        arr = _array(name, entry)
-        header = str(entry["dtype"]).upper()
-        if header == "BF16" or header.startswith("F8"):
-            arr = arr.view(_ml_dtype(_PLAIN[header][1]))
-        elif header == "BOOL":
-            arr = arr.astype(bool)
-        out[name] = move(arr)
+    with Checkpoint(path) as ck:
+        for e in ck.tensors:
+            if e.name in ck.described:
+                out[e.name] = ck.quantized(e.name, backend=name_, device=device)
+                continue
+            arr = ck.raw(e.name)
+            if e.dtype == "BF16" or e.dtype.startswith("F8"):
+                arr = arr.view(_ml_dtype(_PLAIN[e.dtype][1]))
+            elif e.dtype == "BOOL":
+                arr = arr.astype(bool)
+            out[e.name] = move(arr)
     return out
-
-
-def _ml_dtype(name: str) -> Any:
-    try:
-        import ml_dtypes
-    except ImportError:
-        msg = f"reading {name} arrays into NumPy needs ml_dtypes; pip install ml_dtypes"
-        raise DTypeError(msg) from None
-    return getattr(ml_dtypes, name)

@@ -63,7 +63,7 @@ from ..scheme import QuantScheme, ScaleDtype
 from ..storage import values_layout
 from ..tensor import QuantizedTensor
 from .burn import check_codes, decode_scales, to_bytes
-from .checkpoint import read_header
+from .reader import SafetensorsFile
 
 __all__ = ["read_nvfp4", "write_nvfp4"]
 
@@ -78,36 +78,18 @@ def _key(name: str | None, part: str) -> str:
 
 
 def _read_file(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
-    """Just the entries ``keys`` of a safetensors file, each checked before its bytes are read."""
-    size = path.stat().st_size
+    """Just the entries ``keys`` of a safetensors file, through the one reader (the whole header checked)."""
     out: dict[str, np.ndarray] = {}
-    with path.open("rb") as f:
-        header_len, header = read_header(f, path, size)
-        data_len = size - 8 - header_len
+    with SafetensorsFile(path) as f:
         for key in keys:
-            if key not in header:
+            entry = f.entries.get(key)
+            if entry is None:
                 continue
-            entry = header[key]
-            want, raw_dtype = _LAYOUT[key.rsplit(".", 1)[-1]]
-            try:
-                kind = entry["dtype"]
-                shape = tuple(int(n) for n in entry["shape"])
-                start, end = (int(n) for n in entry["data_offsets"])
-            except (TypeError, KeyError, ValueError, OverflowError):
-                msg = f"{path}: entry {key!r} is not a safetensors entry (dtype, shape, data_offsets): {entry!r}"
-                raise CorruptDataError(msg) from None
-            if kind != want:
-                msg = f"{path}: entry {key!r} has dtype {kind}, but compressed-tensors NVFP4 stores it as {want}"
+            want = _LAYOUT[key.rsplit(".", 1)[-1]][0]
+            if entry.dtype != want:
+                msg = f"{path}: entry {key!r} has dtype {entry.dtype}, but compressed-tensors NVFP4 stores it as {want}"
                 raise CorruptDataError(msg)
-            need = math.prod(shape) * np.dtype(raw_dtype).itemsize
-            if min(shape, default=0) < 0 or not 0 <= start <= end <= data_len or end - start != need:
-                msg = (
-                    f"{path}: entry {key!r} of shape {list(shape)} needs {need} bytes, but its data_offsets "
-                    f"[{start}, {end}] do not span them inside the {data_len} data bytes"
-                )
-                raise CorruptDataError(msg)
-            f.seek(8 + header_len + start)
-            out[key] = np.frombuffer(bytearray(f.read(need)), raw_dtype).reshape(shape)
+            out[key] = f.raw(key)
     return out
 
 

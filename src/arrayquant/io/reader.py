@@ -1,0 +1,551 @@
+"""The one safetensors reader: the header checked once on open, tensors read one at a time.
+
+:class:`SafetensorsFile` validates the whole header before any tensor is read: the header
+length against the file size (and safetensors' own 100 MiB limit), the JSON (depth included),
+every entry's dtype (the exact safetensors names, ``F32`` not ``f32``), shape (a list of
+non-negative ints, at most NumPy's 64 axes, and an element count NumPy can allocate even when
+it is zero) and data offsets (ints that span exactly the bytes the shape needs, inside the data
+section, the entries tiling it without overlap or gap, as the safetensors library demands).
+Tensors are then read at their offsets into fresh buffers, in file order; there is no memory
+map, whose pages would all count against the process once read.
+
+:class:`Checkpoint` adds arrayquant's own layout (see :mod:`arrayquant.io.checkpoint`): the
+format version, every quantized tensor's description parsed on open and the complete set of
+entries it needs (values, scales, the per-tensor scale exactly when the scheme has two levels),
+no stray entry that looks like a part of a tensor that is not described. ``aq.load``,
+``read_nvfp4`` and every ``arrayquant`` command read through these classes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import reprlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import array_api_compat as compat
+import numpy as np
+
+from ..backends import shim
+from ..errors import (
+    CorruptDataError,
+    DTypeError,
+    MissingGlobalScaleError,
+    QuantizationError,
+    ShapeError,
+    UnexpectedGlobalScaleError,
+)
+from ..invariants import Plan, check_params, check_shape, plan_for
+from ..scheme import QParams, QuantScheme, ScaleDtype
+from ..storage import values_layout
+from ..tensor import QuantizedTensor
+from .burn import check_codes, decode_scales
+
+__all__ = [
+    "FORMAT_VERSION",
+    "NUMPY_MAX_RANK",
+    "READABLE_VERSIONS",
+    "VALUES_SUFFIX",
+    "Checkpoint",
+    "Entry",
+    "SafetensorsFile",
+    "read_header",
+]
+
+FORMAT_VERSION = "2"
+READABLE_VERSIONS = ("1", "2")  # "1": values under the tensor's own name
+VALUES_SUFFIX = ".qvalues"
+_FORMAT_KEY = "arrayquant.format"
+_TENSOR_KEY = "arrayquant.tensor."
+_PARTS = (".scales", ".global_scale", ".table")  # a quantized tensor's entries besides its values
+_SIBLINGS = (VALUES_SUFFIX, *_PARTS)  # suffixes no tensor name may end with
+HEADER_LIMIT = 100 * 2**20  # safetensors' own limit on the JSON header
+NUMPY_MAX_RANK = 64  # NumPy's limit on the number of axes
+_NUMPY_MAX_BYTES = 2**63 - 1  # NumPy refuses a shape whose nonzero extents times the item size pass this
+# safetensors header dtype <-> (numpy dtype of the raw data, TensorSpec dtype name)
+_PLAIN = {
+    "F64": ("<f8", "float64"),
+    "F32": ("<f4", "float32"),
+    "F16": ("<f2", "float16"),
+    "BF16": ("<u2", "bfloat16"),
+    "I64": ("<i8", "int64"),
+    "I32": ("<i4", "int32"),
+    "I16": ("<i2", "int16"),
+    "I8": ("i1", "int8"),
+    "U32": ("<u4", "uint32"),
+    "U16": ("<u2", "uint16"),
+    "U8": ("u1", "uint8"),
+    "BOOL": ("u1", "bool"),
+    "F8_E4M3": ("u1", "float8_e4m3fn"),
+    "F8_E5M2": ("u1", "float8_e5m2"),
+    "F8_E8M0": ("u1", "float8_e8m0fnu"),
+}
+_ITEMSIZE = {k: np.dtype(raw).itemsize for k, (raw, _) in _PLAIN.items()}
+_SCALE_DTYPES = {
+    ScaleDtype.F32: "F32",
+    ScaleDtype.F16: "F16",
+    ScaleDtype.BF16: "BF16",
+    ScaleDtype.UE4M3: "F8_E4M3",
+    ScaleDtype.UE8M0: "F8_E8M0",
+}
+_VALUE_DTYPES = {"int8": "I8", "uint8": "U8", "uint32": "U32"}
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_short = reprlib.Repr()
+_short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 60, 60, 8, 4
+
+
+def _ml_dtype(name: str) -> Any:
+    try:
+        import ml_dtypes
+    except ImportError:
+        msg = f"reading {name} arrays into NumPy needs ml_dtypes; pip install ml_dtypes"
+        raise DTypeError(msg) from None
+    return getattr(ml_dtypes, name)
+
+
+class _Info(NamedTuple):
+    """A well-formed header entry, kept compact while the header is parsed (a dict costs ~4x more)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+
+_ENTRY_KEYS = frozenset(("dtype", "shape", "data_offsets"))
+_DTYPE_NAMES = {k: k for k in _PLAIN}  # one shared string per dtype, not one per entry
+
+
+def _compact(pairs: list[tuple[str, Any]]) -> Any:
+    """``json`` object hook: an entry of the expected types as an :class:`_Info`, anything else as a dict.
+
+    Nothing is refused here (the names are not known yet); :func:`_entry` checks both forms.
+    """
+    obj = dict(pairs)
+    if len(obj) != 3 or obj.keys() != _ENTRY_KEYS:
+        return obj
+    dtype, shape, offsets = obj["dtype"], obj["shape"], obj["data_offsets"]
+    kind = _DTYPE_NAMES.get(dtype) if isinstance(dtype, str) else None
+    if kind is None or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
+        return obj
+    if not all(type(n) is int for n in shape) or not all(type(n) is int for n in offsets):
+        return obj
+    return _Info(kind, tuple(shape), offsets[0], offsets[1])
+
+
+def read_header(f: Any, path: Path, size: int, *, _hook: Any = None) -> tuple[int, dict[str, Any]]:
+    """The length and JSON header of the safetensors file open as ``f`` (positioned at 0).
+
+    The declared length is checked against the file's ``size`` (and safetensors' 100 MiB limit)
+    before anything of that size is read, so a lying header cannot make a small file allocate
+    gigabytes.
+
+    Raises
+    ------
+    CorruptDataError
+        The file is too short, declares more header than it has, or the header is not a JSON
+        object (too deep, not UTF-8, not JSON).
+    """
+    head = f.read(8)
+    if len(head) < 8:
+        msg = f"{path} has {size} bytes, too few for a safetensors header; is it a .safetensors file?"
+        raise CorruptDataError(msg)
+    header_len = int.from_bytes(head, "little")
+    if header_len > size - 8:
+        msg = (
+            f"{path} declares a {header_len}-byte header but the file has only {size} bytes; "
+            "it is truncated or not a .safetensors file"
+        )
+        raise CorruptDataError(msg)
+    if header_len > HEADER_LIMIT:
+        msg = f"{path} declares a {header_len}-byte header, beyond safetensors' limit of {HEADER_LIMIT} bytes"
+        raise CorruptDataError(msg)
+    try:
+        header = json.loads(f.read(header_len).decode("utf-8"), object_pairs_hook=_hook)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        msg = f"{path} has an unreadable safetensors header: {_short.repr(str(exc))}"
+        raise CorruptDataError(msg) from None
+    if not isinstance(header, dict):
+        msg = f"{path}: the safetensors header is not a JSON object"
+        raise CorruptDataError(msg)
+    return header_len, header
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor of a safetensors file: header dtype (``"F32"``), shape and absolute byte range."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def _shape_text(shape: Any) -> str:
+    return _short.repr(list(shape) if isinstance(shape, tuple) else shape)  # as the header wrote it
+
+
+def _is_int(n: object) -> bool:
+    return type(n) is int  # JSON gives int, float or bool; a bool is no extent
+
+
+def _entry(path: Path, name: str, info: Any, base: int, data_len: int) -> Entry:
+    """One header entry, checked by itself (the tiling of the data section is checked after)."""
+    if isinstance(info, _Info):
+        dtype, shape, offsets = info.dtype, info.shape, [info.start, info.stop]
+    elif isinstance(info, dict) and info.keys() >= _ENTRY_KEYS:
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    else:
+        msg = f"{path}: entry {name!r} is not a safetensors entry (dtype, shape, data_offsets): {_short.repr(info)}"
+        raise CorruptDataError(msg)
+    if not isinstance(dtype, str) or dtype not in _PLAIN:
+        msg = (
+            f"{path}: entry {name!r} has dtype {_short.repr(dtype)}, expected one of {', '.join(_PLAIN)} "
+            "(the safetensors names, upper case)"
+        )
+        raise CorruptDataError(msg)
+    if not isinstance(shape, (list, tuple)) or not all(_is_int(n) and n >= 0 for n in shape):
+        msg = f"{path}: entry {name!r} has shape {_shape_text(shape)}; a shape is a list of non-negative integers"
+        raise CorruptDataError(msg)
+    if len(shape) > NUMPY_MAX_RANK:
+        msg = (
+            f"{path}: entry {name!r} has {len(shape)} axes; NumPy arrays have at most {NUMPY_MAX_RANK}, "
+            "so it cannot be read"
+        )
+        raise ShapeError(msg)
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(n) for n in offsets):
+        msg = f"{path}: entry {name!r} has data_offsets {_short.repr(offsets)}; expected two integers [start, end]"
+        raise CorruptDataError(msg)
+    start, stop = offsets
+    need = math.prod(shape) * _ITEMSIZE[dtype]
+    if not 0 <= start <= stop or stop - start != need:
+        msg = (
+            f"{path}: entry {name!r} declares shape {_shape_text(shape)} of {dtype} ({need} bytes) "
+            f"but its data_offsets [{start}, {stop}] span {stop - start} bytes"
+        )
+        raise CorruptDataError(msg)
+    if stop > data_len:
+        msg = (
+            f"{path}: entry {name!r} of shape {_shape_text(shape)} needs {need} bytes at data_offsets "
+            f"[{start}, {stop}], beyond the {data_len}-byte data section; the file is truncated or corrupt"
+        )
+        raise CorruptDataError(msg)
+    if math.prod(n for n in shape if n) * _ITEMSIZE[dtype] > _NUMPY_MAX_BYTES:  # only a zero-size shape gets here
+        msg = (
+            f"{path}: entry {name!r} has shape {_shape_text(shape)}; NumPy refuses shapes whose extents other "
+            f"than 0 times the item size exceed {_NUMPY_MAX_BYTES} bytes, so it cannot be read"
+        )
+        raise ShapeError(msg)
+    return Entry(name, dtype, tuple(shape), base + start, base + stop)
+
+
+def _entries(path: Path, header: dict[str, Any], base: int, data_len: int) -> dict[str, Entry]:
+    """Every entry, in file order, after checking that they tile the data section as safetensors requires."""
+    found = [_entry(path, name, info, base, data_len) for name, info in header.items()]
+    found.sort(key=lambda e: (e.start, e.stop))
+    at, before = base, None
+    for e in found:
+        if e.start != at:
+            if before is not None and e.start < at:
+                what = f"overlaps entry {before.name!r} [{before.start - base}, {before.stop - base}]"
+            else:
+                what = f"leaves the bytes [{at - base}, {e.start - base}] of the data section to no entry"
+            msg = f"{path}: entry {e.name!r} at data_offsets [{e.start - base}, {e.stop - base}] {what}"
+            raise CorruptDataError(msg)
+        at, before = e.stop, e
+    if at - base != data_len:
+        last = f"entry {before.name!r} ends at {at - base}" if before is not None else "there are no entries"
+        cause = "truncated" if at - base > data_len else "padded or corrupt"
+        msg = f"{path}: the data section has {data_len} bytes but {last}; the file is {cause}"
+        raise CorruptDataError(msg)
+    return {e.name: e for e in found}
+
+
+class SafetensorsFile:
+    """A safetensors file opened for reading one tensor at a time; the whole header validated on open.
+
+    ``entries`` maps names to :class:`Entry` in file order; ``metadata`` is the ``__metadata__``
+    (strings to strings). Use as a context manager, or call :meth:`close`.
+
+    Raises
+    ------
+    CorruptDataError
+        Anything in the header that the safetensors format does not allow (see the module notes).
+    ShapeError
+        An entry NumPy cannot hold: more than 64 axes, or a zero-size shape too large to allocate.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file = self.path.open("rb")
+        try:
+            size = os.fstat(self._file.fileno()).st_size
+            header_len, header = read_header(self._file, self.path, size, _hook=_compact)
+            meta = header.pop("__metadata__", None) or {}
+            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                msg = f"{self.path}: the metadata must map strings to strings"
+                raise CorruptDataError(msg)
+            self.metadata: dict[str, str] = meta
+            self.entries = _entries(self.path, header, 8 + header_len, size - 8 - header_len)
+            del header
+        except BaseException:
+            self._file.close()
+            raise
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def raw(self, name: str) -> np.ndarray:
+        """The entry's data in its raw little-endian dtype (``uint16`` for BF16), shaped, in a fresh buffer."""
+        e = self.entries[name]
+        raw_dtype = _PLAIN[e.dtype][0]
+        if not e.nbytes:
+            return np.empty(e.shape, raw_dtype)
+        buf = np.empty(e.nbytes, np.uint8)
+        self._file.seek(e.start)
+        if self._file.readinto(buf.data) != e.nbytes:
+            msg = f"{self.path}: entry {name!r} is cut short; the file was truncated while it was read"
+            raise CorruptDataError(msg)
+        return buf.view(raw_dtype).reshape(e.shape)
+
+    def array(self, name: str) -> np.ndarray:
+        """The entry as a NumPy array of its own dtype (BF16 and F8 through ml_dtypes), no copy."""
+        return self.raw(name).view(self.array_dtype(name))
+
+    def array_dtype(self, name: str) -> np.dtype[Any]:
+        """The NumPy dtype :meth:`array` gives the entry, without reading it."""
+        kind = self.entries[name].dtype
+        if kind == "BF16" or kind.startswith("F8"):
+            return np.dtype(_ml_dtype(_PLAIN[kind][1]))
+        return np.dtype(np.bool_ if kind == "BOOL" else _PLAIN[kind][0])
+
+
+class _Described(NamedTuple):
+    """A quantized tensor's description in the metadata, parsed and checked."""
+
+    scheme: QuantScheme
+    plan: Plan
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_scheme(text: str) -> QuantScheme:
+    return QuantScheme.parse(text)  # a checkpoint names few schemes for many tensors
+
+
+def _described(name: str, info: str) -> _Described:
+    try:
+        meta = json.loads(info)
+        text = meta["scheme"]
+        scheme = _parse_scheme(text) if isinstance(text, str) else QuantScheme.parse(text)
+        shape = check_shape(meta["shape"], f"{name} shape in the metadata")
+        dtype = str(meta["dtype"])
+        plan = plan_for(scheme)
+    except QuantizationError as exc:
+        msg = f"tensor {name!r}: {exc}"
+        raise type(exc)(msg) from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        msg = f"tensor {name!r} has unreadable metadata {_short.repr(info)}: {_short.repr(str(exc))}"
+        raise CorruptDataError(msg) from None
+    if dtype not in _FLOAT_DTYPES:
+        msg = (
+            f"tensor {name!r} has original dtype {_short.repr(dtype)} in the metadata; it must be one of "
+            f"{', '.join(_FLOAT_DTYPES)} (the float dtype the tensor was quantized from)"
+        )
+        raise CorruptDataError(msg)
+    return _Described(scheme, plan, shape, dtype)
+
+
+class Checkpoint(SafetensorsFile):
+    """A safetensors file read as an arrayquant checkpoint: quantized tensors and plain arrays.
+
+    On open, beyond :class:`SafetensorsFile`'s checks: the format version is one this version
+    reads, every quantized tensor described in the metadata parses (scheme, shape, dtype) and has
+    its complete set of entries, and no entry looks like a part of a tensor that is not
+    described. ``described`` maps quantized tensor names to their metadata text; ``tensors``
+    lists the tensors of the file in file order, a quantized one as its values entry under the
+    tensor's own name; ``siblings`` holds the entry names that are parts of a quantized tensor.
+
+    Raises
+    ------
+    CorruptDataError, ShapeError, SchemeError, MissingGlobalScaleError, UnexpectedGlobalScaleError
+        Typed errors that name the tensor, for every defect found on open.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        try:
+            self._check_layout()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def _check_layout(self) -> None:
+        version = self.metadata.get(_FORMAT_KEY)
+        self.described = {k[len(_TENSOR_KEY) :]: v for k, v in self.metadata.items() if k.startswith(_TENSOR_KEY)}
+        if version is None and self.described:
+            msg = (
+                f"{self.path} describes quantized tensors but names no {_FORMAT_KEY}; it was not written by arrayquant"
+            )
+            raise CorruptDataError(msg)
+        if version is not None and version not in READABLE_VERSIONS:
+            msg = (
+                f"{self.path} has checkpoint format {version!r}; this arrayquant reads format {FORMAT_VERSION!r} "
+                f"(and the older {', '.join(repr(v) for v in READABLE_VERSIONS if v != FORMAT_VERSION)}), upgrade it"
+            )
+            raise CorruptDataError(msg)
+        self.version = version or FORMAT_VERSION
+        legacy = self.version == "1"
+        suffixes = _PARTS if legacy else _SIBLINGS
+        self._info: dict[str, _Described] = {}
+        self._values: dict[str, str] = {}  # values entry -> tensor name
+        self.siblings: set[str] = set()
+        for name, info in self.described.items():
+            if not name or name.endswith(suffixes):
+                msg = f"{self.path}: the metadata describes a quantized tensor named {name!r}, which no writer allows"
+                raise CorruptDataError(msg)
+            self._info[name] = d = _described(name, info)
+            values = self.values_key(name)
+            if values not in self.entries:
+                msg = f"tensor {name!r} is described in the metadata but its values entry {values!r} is missing"
+                raise CorruptDataError(msg)
+            if not legacy and name in self.entries:
+                msg = (
+                    f"{self.path}: entry {name!r} has the name of the quantized tensor {name!r} (whose values are "
+                    f"{values!r}); a format-{self.version} checkpoint cannot hold both"
+                )
+                raise CorruptDataError(msg)
+            if name + ".scales" not in self.entries:
+                msg = f"tensor {name!r} (scheme {d.scheme}) has no {name}.scales entry; the checkpoint is incomplete"
+                raise CorruptDataError(msg)
+            has_global = name + ".global_scale" in self.entries
+            if d.plan.two_level and not has_global:
+                msg = (
+                    f"tensor {name!r} uses the two-level scheme {d.scheme}, but the checkpoint has no per-tensor "
+                    f"scale entry {name}.global_scale; re-export the tensor with its f32 per-tensor scale (shape (1,))"
+                )
+                raise MissingGlobalScaleError(msg)
+            if has_global and not d.plan.two_level:
+                msg = (
+                    f"tensor {name!r} has scheme {d.scheme}, which has one scale level, but the checkpoint has "
+                    f"{name}.global_scale"
+                )
+                raise UnexpectedGlobalScaleError(msg)
+            self._values[values] = name
+            self.siblings.update(name + s for s in suffixes)
+        stray = [k for k in self.entries if k.endswith(suffixes) and k not in self.siblings]
+        if stray:
+            shown = sorted(stray)[:10] + (["..."] if len(stray) > 10 else [])
+            msg = f"{self.path} has entries {shown} that belong to no quantized tensor in its metadata"
+            raise CorruptDataError(msg)
+        self.tensors: list[Entry] = [
+            Entry(self._values[e.name], e.dtype, e.shape, e.start, e.stop) if e.name in self._values else e
+            for e in self.entries.values()
+            if e.name in self._values or e.name not in self.siblings
+        ]
+
+    def values_key(self, name: str) -> str:
+        """The entry holding quantized tensor ``name``'s stored values (``name.qvalues``; ``name`` in format 1)."""
+        return name if self.version == "1" else name + VALUES_SUFFIX
+
+    def parts(self, name: str) -> list[str]:
+        """The entries of quantized tensor ``name``: values, scales, and the per-tensor scale and table if present."""
+        keys = [self.values_key(name), *(name + s for s in _PARTS)]
+        return [k for k in keys if k in self.entries]
+
+    @property
+    def user_metadata(self) -> dict[str, str]:
+        """The metadata entries that are not arrayquant's own (carried over to a written file)."""
+        return {k: v for k, v in self.metadata.items() if not k.startswith("arrayquant.")}
+
+    def stored_dtype(self, name: str) -> str:
+        """The original dtype name of a quantized tensor, from the metadata."""
+        return self._info[name].dtype
+
+    def _part(self, name: str, key: str, want: str) -> Entry:
+        e = self.entries[key]
+        if e.dtype != want:
+            msg = f"tensor {name!r}: entry {key!r} has dtype {e.dtype}, expected {want}"
+            raise CorruptDataError(msg)
+        return e
+
+    def quantized(self, name: str, *, backend: str = "numpy", device: Any = None) -> QuantizedTensor:
+        """The quantized tensor ``name``, every stored array checked before it is built.
+
+        Shapes and dtypes are checked against the scheme before any bytes are read, so a lying
+        description cannot make a small file allocate much.
+
+        Raises
+        ------
+        CorruptDataError
+            A part of the wrong dtype, a stored value or scale code no decoder reads.
+        ShapeError
+            Values or scales of a shape the scheme does not store for the described shape.
+        ParamsError
+            NaN, infinite, negative or zero scales where the scheme forbids them, a stray table.
+        """
+        d = self._info[name]
+        plan, shape = d.plan, d.shape
+        vkey = self.values_key(name)
+        vshape, vdtype = values_layout(plan, shape)
+        values_entry = self._part(name, vkey, _VALUE_DTYPES[vdtype])
+        if values_entry.shape != vshape:
+            msg = (
+                f"tensor {name!r}: values have shape {values_entry.shape} but scheme {d.scheme} on shape {shape} "
+                f"stores {vshape}"
+            )
+            raise ShapeError(msg)
+        grid = plan.grid_shape(shape)
+        scales_entry = self._part(name, name + ".scales", _SCALE_DTYPES[plan.scale_dtype])
+        if scales_entry.shape != grid:
+            msg = f"tensor {name!r}: {name}.scales has shape {scales_entry.shape} but scheme {d.scheme} needs {grid}"
+            raise ShapeError(msg)
+        values = self.raw(vkey).astype(vdtype)
+        check_codes(values, plan, f"tensor {name!r}")
+        glob = table = None
+        try:
+            scales = decode_scales(self.raw(name + ".scales").tobytes(), plan.scale_dtype, math.prod(grid))
+            scales = scales.reshape(grid)
+            if plan.two_level:
+                self._part(name, name + ".global_scale", "F32")
+                glob = self.raw(name + ".global_scale").astype(np.float32)
+            if name + ".table" in self.entries:
+                self._part(name, name + ".table", "F32")
+                table = self.raw(name + ".table").astype(np.float32)
+            xp_np = compat.array_namespace(scales)
+            scales, glob, table = check_params(QParams(scales, glob, table), plan, shape, xp_np, "cpu", what=name)
+        except QuantizationError as exc:
+            text = str(exc)
+            raise type(exc)(text if text.startswith(f"tensor {name!r}") else f"tensor {name!r}: {text}") from None
+        xp = shim.namespace(backend)
+        if backend.strip().lower() == "numpy" and device is None:  # host arrays as read: nothing to convert
+            move: Any = lambda a: a
+        else:
+            move = lambda a: None if a is None else shim.convert(a, backend, device)
+        return QuantizedTensor(
+            d.scheme, shape, getattr(xp, d.dtype, xp.float32), move(values), move(scales), move(glob), move(table)
+        )

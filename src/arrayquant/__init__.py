@@ -1,12 +1,12 @@
 """arrayquant: Burn's tensor quantization, bit for bit, on any Array API backend.
 
+>>> import numpy as np
 >>> import arrayquant as aq
->>> import array_api_strict as xp
->>> x = xp.asarray([[0.1, -0.2, 0.3, 0.4]], dtype=xp.float32)
+>>> x = np.array([[0.1, -0.2, 0.3, 0.4]], dtype=np.float32)
 >>> qt = aq.quantize(x, aq.QuantScheme().with_value("q8s").per_block([2], "f16"))
 >>> qt.scales.shape
 (1, 2)
->>> float(xp.max(xp.abs(aq.dequantize(qt) - x))) < 2e-3
+>>> float(np.max(np.abs(aq.dequantize(qt) - x))) < 2e-3
 True
 """
 
@@ -27,6 +27,7 @@ from .errors import (
     UnexpectedGlobalScaleError,
 )
 from .io import from_bytes, load, save, to_bytes
+from .metrics import ErrorMeter, ErrorReport, error_report, sqnr
 from .quantize import compute_q_params, compute_range, quantize, round_up_scales
 from .scheme import (
     NF4,
@@ -44,6 +45,12 @@ from .tensor import QuantizedTensor
 
 __version__ = "0.1.0"
 
+
+def __dir__() -> list[str]:
+    # the public names only: the internal modules stay importable but out of tab completion
+    return sorted(__all__)
+
+
 __all__ = [
     "NF4",
     "BackendUnavailableError",
@@ -52,6 +59,8 @@ __all__ = [
     "CorruptDataError",
     "DTypeError",
     "DeviceError",
+    "ErrorMeter",
+    "ErrorReport",
     "MissingGlobalScaleError",
     "NonFiniteInputError",
     "ParamsError",
@@ -72,6 +81,7 @@ __all__ = [
     "compute_q_params",
     "compute_range",
     "dequantize",
+    "error_report",
     "errors",
     "from_bytes",
     "load",
@@ -80,6 +90,7 @@ __all__ = [
     "quantized_nbytes",
     "round_up_scales",
     "save",
+    "sqnr",
     "to_bytes",
     "unpack",
 ]

@@ -8,13 +8,19 @@ needs them, so ``demo`` and ``backends`` run on NumPy and array-api-compat alone
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
+import re
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 
+import array_api_compat as compat
 import numpy as np
 
 from . import __version__, bench
@@ -23,12 +29,12 @@ from .backends import available, default, shim
 from .convert import asarray
 from .dequantize import dequantize
 from .errors import BackendUnavailableError, DeviceError, QuantizationError
-from .invariants import plan_for
+from .metrics import error_report
 from .quantize import quantize
 from .scheme import QuantScheme
 from .tensor import QuantizedTensor
 
-__all__ = ["DEMO_SCHEMES", "demo_data", "main"]
+__all__ = ["DEMO_SCHEMES", "cli_message", "demo_data", "main"]
 
 DEMO_SCHEMES = (
     "q8s",
@@ -45,12 +51,21 @@ DEMO_SCHEMES = (
 
 
 def demo_data(rows: int = 1024, cols: int = 1024, seed: int = 0) -> np.ndarray:
-    """Weight-like f32 data: N(0, 0.02) with one outlier in about 2000 values, deterministic."""
+    """Weight-like f32 data: N(0, 0.02) with one outlier (25x) in about 2000 values, deterministic."""
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, 0.02, size=(rows, cols)).astype(np.float32)
     outliers = rng.random(x.shape) < 5e-4
     x[outliers] *= np.float32(25.0)
     return x
+
+
+DEMO_LIMIT = 1 << 28  # values the demo makes at most: 1 GiB of f32 data, a few GiB at its peak
+
+_DEMO_NOTE = (
+    "The data has outliers, as trained weights do: N(0, 0.02) with one value in about 2000 scaled 25x.\n"
+    "A per-tensor scale (q8s) must stretch to the largest of them, so the many small values get few\n"
+    "levels: 8 bits score no better than 4-bit block schemes, whose scales confine each outlier to its block."
+)
 
 
 def _best_seconds(fn: Callable[[], object], repeat: int) -> float:
@@ -74,29 +89,35 @@ def _demo(args: argparse.Namespace) -> int:
     if args.write_checkpoint:
         return commands.write_demo_checkpoint(args.write_checkpoint, demo_data)
     for text in args.schemes:  # refuse a bad scheme before any work or output
-        plan_for(QuantScheme.parse(text))
+        commands.check_scheme(text)
+    if args.rows * args.cols > DEMO_LIMIT:
+        msg = (
+            f"--rows {args.rows} --cols {args.cols} is {args.rows * args.cols * 4 / 2**30:.1f} GiB of float32 data; "
+            f"the demo makes at most {DEMO_LIMIT:,} values (1 GiB): use smaller --rows/--cols"
+        )
+        raise commands.CommandError(msg)
     backend = args.backend or default().name
     host = demo_data(args.rows, args.cols)
     x = asarray(host, backend=backend, device=args.device)
     gb = host.nbytes / 1e9
-    print(f"arrayquant {__version__} demo: {host.shape[0]}x{host.shape[1]} float32 ({host.nbytes / 2**20:.1f} MiB) ")
-    print(f"backend {backend}, device {shim.native_device(backend, args.device) or 'default'}\n")
+    print(f"arrayquant {__version__} demo: {host.shape[0]}x{host.shape[1]} float32 ({host.nbytes / 2**20:.1f} MiB)")
+    print(_DEMO_NOTE)
+    print(f"backend {backend}, device {shim.device_name(compat.device(x))}\n")  # the one the data is on
     header = (
         f"{'scheme':<30} {'bits/value':>10} {'SQNR dB':>8} {'max |err|':>10} {'quant GB/s':>10} {'dequant GB/s':>12}"
     )
     print(header)
     print("-" * len(header))
-    signal = float(np.sum(host.astype(np.float64) ** 2))
     for text in args.schemes:
         qt = quantize(x, text)
-        y = shim.to_host(dequantize(qt)).astype(np.float64)
-        err = y - host
-        noise = float(np.sum(err**2))
-        sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
+        report = error_report(host, shim.to_host(dequantize(qt)))
         tq = _best_seconds(functools.partial(_quantize_values, x, text), args.repeat)
         td = _best_seconds(functools.partial(_dequantize_host, qt), args.repeat)
         bits = 8 * qt.nbytes / host.size
-        print(f"{text:<30} {bits:>10.3f} {sqnr:>8.2f} {np.abs(err).max():>10.2e} {gb / tq:>10.2f} {gb / td:>12.2f}")
+        print(
+            f"{text:<30} {bits:>10.3f} {report.sqnr:>8.2f} {report.max_abs_error:>10.2e} "
+            f"{gb / tq:>10.2f} {gb / td:>12.2f}"
+        )
     print("\nbits/value counts stored values, scales and the per-tensor scale (Burn byte layout).")
     return 0
 
@@ -109,28 +130,68 @@ def _backends(_: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Show each option's default, except empty ones (None, False, no repeats) and ones the help gives."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if _quiet_default(action):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _quiet_default(action: argparse.Action) -> bool:
+    """Whether the help need not show ``action``'s default."""
+    empty = action.default is None or action.default is False or action.default == []
+    return empty or action.default is argparse.SUPPRESS or "default" in (action.help or "")
+
+
+def _subparser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, **kwargs: object
+) -> argparse.ArgumentParser:
+    """A subcommand that shows defaults and takes ``--debug`` after its name too."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, formatter_class=_Help, **kwargs)  # type: ignore[arg-type]
+    # SUPPRESS: given here it sets args.debug, absent it leaves the top level's value alone
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+    return parser
+
+
+def _positive(text: str) -> int:
+    n = _count(text)
+    if n == 0:
+        msg = "expected a whole number >= 1, got 0"
+        raise argparse.ArgumentTypeError(msg)
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="arrayquant", description="Burn's tensor quantization on any Array API backend"
+        prog="arrayquant", description="Burn's tensor quantization on any Array API backend", formatter_class=_Help
     )
     parser.add_argument("--version", action="version", version=f"arrayquant {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="quantize built-in weight-like data with several schemes and report quality")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = _subparser(sub, "demo", help="quantize built-in weight-like data with several schemes and report quality")
     demo.add_argument("--backend", help="array backend (default: aq.backends.default())")
-    demo.add_argument("--device", help="device such as cpu, cuda, cuda:1")
-    demo.add_argument("--rows", type=int, default=1024)
-    demo.add_argument("--cols", type=int, default=1024)
-    demo.add_argument("--repeat", type=int, default=3, help="timing runs per scheme (best is reported)")
-    demo.add_argument("--scheme", dest="schemes", action="append", help="scheme text; repeat for several")
+    demo.add_argument("--device", help="device such as cpu, cuda, cuda:1 (default: the backend's)")
+    demo.add_argument("--rows", type=_positive, default=1024, help="rows of the f32 demo data")
+    demo.add_argument("--cols", type=_positive, default=1024, help="columns of the f32 demo data")
+    demo.add_argument("--repeat", type=_positive, default=3, help="timing runs per scheme (best is reported)")
+    demo.add_argument(
+        "--scheme",
+        dest="schemes",
+        action="append",
+        metavar="SCHEME",
+        help=f"scheme text; repeat for several (default: {', '.join(DEMO_SCHEMES)})",
+    )
     demo.add_argument(
         "--write-checkpoint", metavar="PATH", help="write a small synthetic f32 model checkpoint to PATH and exit"
     )
     demo.set_defaults(func=_demo)
-    back = sub.add_parser("backends", help="list array backends, whether they are usable, and their devices")
+    back = _subparser(sub, "backends", help="list array backends, whether they are usable, and their devices")
     back.set_defaults(func=_backends)
     _checkpoint_parsers(sub)
-    perf = sub.add_parser(
+    perf = _subparser(
+        sub,
         "bench",
         help="measure quantize/dequantize GB/s on this machine beside copy, plain NumPy and installed peers",
         description=bench.__doc__.splitlines()[0] if bench.__doc__ else None,
@@ -151,21 +212,35 @@ def _count(text: str) -> int:
     return n
 
 
+_SCHEME_HELP = (
+    "scheme text: a value, then options separated by ':', e.g. q8s, q4s:block32:f16, q4s:block16:ue4m3:tensor:f32, "
+    "or a preset: nvfp4, mxfp8, mxfp4, nf4"
+)
+
+
 def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    q = sub.add_parser(
+    q = _subparser(
+        sub,
         "quantize",
         help="quantize the weights of a safetensors checkpoint, one tensor at a time",
         description="Quantize the floating tensors that match (by default the 2-D weights, not norms or biases) "
         "and copy the rest unchanged.",
     )
-    q.add_argument("input", metavar="IN", help="input .safetensors file")
-    q.add_argument("output", metavar="OUT", help="output .safetensors file (written atomically)")
-    q.add_argument("--scheme", required=True, help="scheme text, e.g. q4s:block32:f16 or nvfp4")
+    q.add_argument("input", metavar="IN", help="input .safetensors file (never changed)")
+    q.add_argument("output", metavar="OUT", help="output .safetensors file (written atomically; not IN)")
+    q.add_argument("--scheme", required=True, help=_SCHEME_HELP)
     q.add_argument("--include", action="append", default=[], metavar="GLOB", help="quantize tensors named so (repeat)")
     q.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="never quantize these (repeat)")
     q.add_argument("--min-size", type=_count, default=0, metavar="N", help="only tensors of N elements or more")
     q.add_argument("--backend", help="array backend (default: aq.backends.default())")
-    q.add_argument("--device", help="device such as cpu, cuda, cuda:1")
+    q.add_argument("--device", help="device such as cpu, cuda, cuda:1 (default: the backend's)")
+    q.add_argument(
+        "--nonfinite",
+        choices=commands._NONFINITE,
+        default="error",
+        help="NaN or infinity in a tensor to quantize: error (refuse, naming the tensor), zero (set them to 0 "
+        "first), saturate (infinities saturate to the range ends; NaN gives code 0, or the NaN code of e4m3/e5m2)",
+    )
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(
         func=lambda a: commands.quantize_checkpoint(
@@ -178,45 +253,142 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             backend=a.backend,
             device=a.device,
             quiet=a.quiet,
+            nonfinite=a.nonfinite,
         )
     )
-    d = sub.add_parser("dequantize", help="turn the quantized tensors of a checkpoint back into floats")
-    d.add_argument("input", metavar="IN")
-    d.add_argument("output", metavar="OUT")
-    d.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: each tensor's original dtype")
+    d = _subparser(sub, "dequantize", help="turn the quantized tensors of a checkpoint back into floats")
+    d.add_argument("input", metavar="IN", help="quantized .safetensors file (never changed)")
+    d.add_argument("output", metavar="OUT", help="output .safetensors file of floats (written atomically; not IN)")
+    d.add_argument(
+        "--dtype", choices=["float32", "float16", "bfloat16"], help="float dtype (default: each tensor's original)"
+    )
     d.set_defaults(func=lambda a: commands.dequantize_checkpoint(a.input, a.output, a.dtype))
-    i = sub.add_parser("inspect", help="list the tensors of a checkpoint: shape, scheme or dtype, bytes, scales")
-    i.add_argument("file", metavar="FILE")
+    i = _subparser(sub, "inspect", help="list the tensors of a checkpoint: shape, scheme or dtype, bytes, scales")
+    i.add_argument("file", metavar="FILE", help=".safetensors file, quantized or not")
     i.set_defaults(func=lambda a: commands.inspect_checkpoint(a.file))
-    c = sub.add_parser("compare", help="per-tensor SQNR and maximum error of a quantized checkpoint")
-    c.add_argument("original", metavar="ORIGINAL")
-    c.add_argument("quantized", metavar="QUANTIZED")
-    c.add_argument("--plot", metavar="FILE.png", help="also draw a histogram of the errors (matplotlib)")
+    c = _subparser(sub, "compare", help="per-tensor SQNR and maximum error of a quantized checkpoint")
+    c.add_argument("original", metavar="ORIGINAL", help="the float .safetensors checkpoint")
+    c.add_argument("quantized", metavar="QUANTIZED", help="the quantized (or dequantized) checkpoint made from it")
+    c.add_argument(
+        "--plot", metavar="FILE.png", help="also draw a histogram of the errors (matplotlib: .png, .pdf, .svg, ...)"
+    )
     c.set_defaults(func=lambda a: commands.compare_checkpoints(a.original, a.quantized, a.plot))
 
 
+# Python-API advice in library messages, and what to type on the command line instead
+_CLI_SPELLING: tuple[tuple[str, Callable[[re.Match[str]], str]], ...] = (
+    (r"build on QuantScheme\.(\w+)\(\)", lambda m: f"spell it out instead: {_spelled(m[1])}"),
+    (r"QuantScheme\.(\w+)\(\)\.with_scale_rule\('(\w+)'\)", lambda m: f"{_spelled(m[1])}:{m[2]}"),
+    (r"with_store\('(\w+)'\)", lambda m: f":{m[1]} in the scheme text"),
+    (r"scheme\.with_mode\('(\w+)'\)", lambda m: f":{m[1]} in the scheme text"),
+    (r"per_block\(size, '(\w+)'\)", lambda m: f"block<N>:{m[1]}"),
+    (r"drop per_tensor\(\)", lambda m: "drop tensor:f32"),
+    (r"per_tensor\('(\w+)'\)", lambda m: f"tensor:{m[1]}"),
+    (r"e\.g\. with_value\('(\w+)'\)", lambda m: f"e.g. {m[1]}:block64:f32:lookup:nf4"),
+    (r"with_value\('(\w+)'\)", lambda m: f"the value {m[1]}"),
+    (
+        r"pass table=aq\.NF4 or your codebook",
+        lambda m: "use --scheme nf4, or end the scheme text with :nf4 (e.g. q4f:block64:f32:lookup:nf4)",
+    ),
+    (r" \(or the \w+ enum\)", lambda m: ""),
+    (r"pass check_finite=False", lambda m: "rerun with --nonfinite saturate"),
+)
+
+
+def _spelled(preset: str) -> str:
+    try:
+        return QuantScheme.parse(preset).spelled_out()
+    except QuantizationError:
+        return preset
+
+
+def cli_message(text: str) -> str:
+    """A library error message with its Python-API advice given in command-line spelling."""
+    for pattern, spelling in _CLI_SPELLING:
+        text = re.sub(pattern, spelling, text)
+    return text
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C, so temporary files are removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _: FrameType | None) -> None:
+    for s in _STOP_SIGNALS:  # one is enough: let the cleanup run undisturbed
+        signal.signal(s, signal.SIG_IGN)
+    raise _Stopped(signum)
+
+
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into an exception while a command runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.signal(s, _stop) for s in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _fail(text: str) -> int:
+    print(f"arrayquant: error: {text}".replace("\n", " "), file=sys.stderr)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 a library error, 2 usage)."""
+    """Run the command line; returns the exit status.
+
+    0 ok, 1 an error (one line on stderr; ``--debug`` shows the traceback instead), 2 a usage
+    error, 130 Ctrl-C, 128 + the signal number for SIGTERM and SIGHUP. Temporary files are
+    removed in every case.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "schemes", "unset") is None:
         args.schemes = list(DEMO_SCHEMES)
     try:
-        return int(args.func(args))
+        with _stop_on_signals():
+            return int(args.func(args))
     except BrokenPipeError:  # output piped into a pager or `head` that closed early
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter's final flush quiet
         return 0
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("arrayquant: interrupted", file=sys.stderr)
+        return 130
+    except _Stopped as exc:
+        if args.debug:
+            raise
+        print(f"arrayquant: stopped by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
     except (QuantizationError, BackendUnavailableError, DeviceError) as exc:
         if args.debug:
             raise
-        print(f"arrayquant: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return _fail(f"{type(exc).__name__}: {cli_message(str(exc))}")
+    except commands.CommandError as exc:
+        if args.debug:
+            raise
+        return _fail(str(exc))
+    except MemoryError as exc:
+        if args.debug:
+            raise
+        return _fail(f"out of memory ({exc or 'MemoryError'}); use a smaller input or a machine with more memory")
     except OSError as exc:  # a missing input, an unwritable output folder, a full disk
         if args.debug:
             raise
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"arrayquant: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
+        where = f": {commands.shown(str(exc.filename))}" if exc.filename else ""
+        return _fail(f"{exc.strerror or exc}{where}")
 
 
 if __name__ == "__main__":

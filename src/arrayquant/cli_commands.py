@@ -10,17 +10,17 @@ matplotlib are imported by the subcommands that use them, so ``arrayquant demo``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fnmatch
-import json
 import math
 import os
+import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import array_api_compat as compat
@@ -30,18 +30,16 @@ from .backends import default, shim
 from .chunks import Chunk, row_chunks
 from .convert import asarray
 from .dequantize import dequantize
-from .errors import BackendUnavailableError, CorruptDataError, QuantizationError, ShapeError
-from .invariants import plan_for
-from .io.checkpoint import (
-    _FORMAT_KEY,
-    _PLAIN,
-    _SIBLINGS,
-    _TENSOR_KEY,
-    FORMAT_VERSION,
-    _load_quantized,
-    _ml_dtype,
-    save_stream,
+from .errors import (
+    BackendUnavailableError,
+    NonFiniteInputError,
+    QuantizationError,
+    ShapeError,
 )
+from .invariants import plan_for
+from .io.checkpoint import save_stream
+from .io.reader import _PLAIN, _SIBLINGS, Checkpoint, Entry, _ml_dtype
+from .metrics import ErrorMeter
 from .quantize import quantize
 from .scheme import QuantScheme
 from .storage import fields_per_word
@@ -49,19 +47,22 @@ from .tensor import QuantizedTensor
 
 __all__ = [
     "Checkpoint",
+    "CommandError",
     "Entry",
     "ErrorStats",
+    "check_plot_path",
+    "check_scheme",
     "compare_checkpoints",
     "dequantize_checkpoint",
     "inspect_checkpoint",
     "quantization_error",
     "quantize_checkpoint",
     "selected",
+    "shown",
     "write_demo_checkpoint",
 ]
 
 FLOAT_HEADERS = ("F64", "F32", "F16", "BF16")
-_HEADER_LIMIT = 100 * 2**20  # safetensors' own limit on the JSON header
 _SLAB = 1 << 18  # elements per error slab: a few MiB of float64 temporaries
 _MiB = float(2**20)
 
@@ -70,11 +71,94 @@ def _missing(what: str) -> BackendUnavailableError:
     return BackendUnavailableError(f"this command needs {what}; pip install 'arrayquant[cli]'")
 
 
+class CommandError(Exception):
+    """A command line that cannot be carried out as given (the CLI prints it and exits 1)."""
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print: characters that are not printable (a lone surrogate, a control
+    character, a terminal escape) written as Python escapes, the rest as it is."""
+    if text.isprintable():
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            pass
+    return "".join(
+        c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
 def _output_folder(path: str) -> None:
-    """Refuse an output path whose folder is missing before any work (not later, naming a temporary file)."""
+    """Refuse an output path whose folder is missing, or that is a folder, before any work (not
+    later, naming a temporary file)."""
     folder = Path(path).parent
     if not folder.is_dir():
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(folder))
+    if Path(path).is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+
+
+def _not_the_input(src: str, dst: str) -> None:
+    """Refuse to write OUT over IN: the same path, or the same file through a link."""
+    try:
+        same = os.path.samefile(src, dst)
+    except OSError:  # OUT does not exist yet (or IN is missing: reading it reports that)
+        same = False
+    if same:
+        msg = (
+            f"OUT {shown(dst)} is the same file as IN {shown(src)}; writing it would replace the input, "
+            "so name a new OUT"
+        )
+        raise CommandError(msg)
+
+
+def check_scheme(text: str) -> QuantScheme:
+    """Parse ``--scheme`` and check it, codebook included, before any work or output."""
+    scheme = QuantScheme.parse(text)
+    plan_for(scheme)
+    # a lookup scheme's table is resolved by quantize: try it on one value; a ShapeError (a
+    # packed axis that rank-2 data lacks) is decided per tensor, by its rank
+    with contextlib.suppress(ShapeError):
+        quantize(np.zeros((1, 1), np.float32), scheme)
+    return scheme
+
+
+_NONFINITE = ("error", "zero", "saturate")
+
+
+def _nonfinite_message(name: str, src: str, exc: NonFiniteInputError) -> str:
+    """The library's message about ``x`` told about tensor ``name``, with the CLI's remedies."""
+    head = str(exc).split("; ")[0]
+    head = head[2:] if head.startswith("x ") else head
+    return (
+        f"tensor {name!r} of {shown(src)} {head}; rerun with --nonfinite zero (NaN and infinities become 0) "
+        "or --nonfinite saturate (infinities saturate to the ends of the range; NaN gives code 0, "
+        "or the NaN code of e4m3/e5m2 values)"
+    )
+
+
+def _zero_nonfinite(host: np.ndarray) -> tuple[np.ndarray, int]:
+    """``host`` with every value that is not finite in float32 (NaN, inf, float64 beyond the f32
+    range) set to 0, and how many there were."""
+    if host.dtype == np.float64:
+        with np.errstate(invalid="ignore"):
+            ok = np.abs(host) <= float(np.finfo(np.float32).max)  # NaN compares False
+    else:  # f32, f16, bf16: finite means finite in f32
+        ok = np.isfinite(host)
+    bad = int(ok.size - np.count_nonzero(ok))
+    if not bad:
+        return host, 0
+    out = host.copy()
+    out[~ok] = 0
+    return out, bad
+
+
+def _order(names: Iterable[str]) -> list[str]:
+    """Names in natural order (``layers.2`` before ``layers.10``): one order for every command."""
+    key = lambda n: [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", n)]
+    return sorted(names, key=key)
 
 
 def _tqdm() -> Any:
@@ -90,148 +174,8 @@ def _tqdm() -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One tensor of a safetensors file: header dtype (``"F32"``), shape and absolute byte range."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    stop: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-
-class Checkpoint:
-    """A safetensors file opened for reading one tensor at a time; its header validated on open."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._file = self.path.open("rb")
-        try:
-            self.entries, self.metadata = self._header()
-            self.described = {k[len(_TENSOR_KEY) :]: v for k, v in self.metadata.items() if k.startswith(_TENSOR_KEY)}
-            self._check_arrayquant()
-        except BaseException:
-            self._file.close()
-            raise
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._file.close()
-
-    def _header(self) -> tuple[dict[str, Entry], dict[str, str]]:
-        size = self.path.stat().st_size
-        head = self._file.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 0 or n > min(size - 8, _HEADER_LIMIT):
-            msg = f"{self.path} ({size} bytes) does not start with a safetensors header; is it a .safetensors file?"
-            raise CorruptDataError(msg)
-        try:
-            header = json.loads(self._file.read(n))
-        except (UnicodeDecodeError, ValueError) as exc:
-            msg = f"{self.path} has an unreadable safetensors header: {exc}"
-            raise CorruptDataError(msg) from None
-        if not isinstance(header, dict):
-            msg = f"{self.path}: the safetensors header is not a JSON object"
-            raise CorruptDataError(msg)
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-            msg = f"{self.path}: the metadata must map strings to strings"
-            raise CorruptDataError(msg)
-        base, data_len = 8 + n, size - 8 - n
-        entries = [self._entry(name, info, base, data_len) for name, info in header.items()]
-        return {e.name: e for e in sorted(entries, key=lambda e: e.start)}, meta
-
-    def _entry(self, name: str, info: Any, base: int, data_len: int) -> Entry:
-        try:
-            dtype = str(info["dtype"]).upper()
-            shape = tuple(int(s) for s in info["shape"])
-            start, stop = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as exc:
-            msg = f"{self.path}: entry {name!r} has an unreadable header {info!r} ({exc})"
-            raise CorruptDataError(msg) from None
-        if dtype not in _PLAIN:
-            msg = f"{self.path}: entry {name!r} has dtype {dtype}, expected one of {', '.join(_PLAIN)}"
-            raise CorruptDataError(msg)
-        need = math.prod(shape) * np.dtype(_PLAIN[dtype][0]).itemsize
-        if min(shape, default=0) < 0 or not 0 <= start <= stop <= data_len or stop - start != need:
-            msg = (
-                f"{self.path}: entry {name!r} ({dtype}, shape {list(shape)}) has data offsets [{start}, {stop}] "
-                f"but needs {need} bytes within the {data_len}-byte data section; the file is truncated or corrupt"
-            )
-            raise CorruptDataError(msg)
-        return Entry(name, dtype, shape, base + start, base + stop)
-
-    def _check_arrayquant(self) -> None:
-        version = self.metadata.get(_FORMAT_KEY)
-        if version is None and self.described:
-            msg = (
-                f"{self.path} describes quantized tensors but names no {_FORMAT_KEY}; it was not written by arrayquant"
-            )
-            raise CorruptDataError(msg)
-        if version is not None and version != FORMAT_VERSION:
-            msg = f"{self.path} has checkpoint format {version!r}; this arrayquant reads {FORMAT_VERSION!r}, upgrade it"
-            raise CorruptDataError(msg)
-        self.siblings = {n + s for n in self.described for s in _SIBLINGS}
-        stray = [k for k in self.entries if k.endswith(_SIBLINGS) and k not in self.siblings]
-        if stray:
-            msg = f"{self.path} has entries {sorted(stray)} that belong to no quantized tensor in its metadata"
-            raise CorruptDataError(msg)
-
-    @property
-    def tensors(self) -> list[Entry]:
-        """The entries that are tensors of their own (not the ``.scales`` and other parts of one)."""
-        return [e for e in self.entries.values() if e.name not in self.siblings]
-
-    @property
-    def user_metadata(self) -> dict[str, str]:
-        """The metadata entries that are not arrayquant's own (carried over to a written file)."""
-        return {k: v for k, v in self.metadata.items() if not k.startswith("arrayquant.")}
-
-    def raw(self, name: str) -> np.ndarray:
-        """The entry's data in its raw little-endian dtype (``uint16`` for BF16), shaped."""
-        e = self.entries[name]
-        buf = np.empty(e.nbytes, np.uint8)
-        self._file.seek(e.start)
-        if self._file.readinto(buf.data) != e.nbytes:
-            msg = f"{self.path}: entry {name!r} is cut short; the file is truncated"
-            raise CorruptDataError(msg)
-        return buf.view(_PLAIN[e.dtype][0]).reshape(e.shape)
-
-    def array(self, name: str) -> np.ndarray:
-        """The entry as a NumPy array of its own dtype (BF16 and F8 through ml_dtypes), no copy."""
-        return self.raw(name).view(self.array_dtype(name))
-
-    def array_dtype(self, name: str) -> np.dtype[Any]:
-        """The NumPy dtype :meth:`array` gives the entry, without reading it."""
-        kind = self.entries[name].dtype
-        if kind == "BF16" or kind.startswith("F8"):
-            return np.dtype(_ml_dtype(_PLAIN[kind][1]))
-        return np.dtype(np.bool_ if kind == "BOOL" else _PLAIN[kind][0])
-
-    def quantized(self, name: str) -> QuantizedTensor:
-        """The quantized tensor ``name`` on NumPy, validated as :func:`arrayquant.load` does."""
-        parts = {
-            k: {"dtype": self.entries[k].dtype, "shape": list(self.entries[k].shape), "data": self.raw(k).data}
-            for k in (name, *(name + s for s in _SIBLINGS))
-            if k in self.entries
-        }
-        scheme, shape, dtype, values, scales, glob, table = _load_quantized(name, self.described[name], parts)
-        return QuantizedTensor(scheme, shape, getattr(np, dtype, np.float32), values, scales, glob, table)
-
-    def stored_dtype(self, name: str) -> str:
-        """The original dtype name of a quantized tensor, from the metadata."""
-        return str(json.loads(self.described[name]).get("dtype", "float32"))
+# ``Entry`` and ``Checkpoint`` are the library's one safetensors reader (:mod:`arrayquant.io.reader`),
+# with every check ``aq.load`` makes; they are named here for the commands below.
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,44 +187,43 @@ _HIST_EDGES = np.linspace(-12.0, 2.0, 141)  # log10 |error| bins, 0.1 decade eac
 
 @dataclass
 class ErrorStats:
-    """Running sums over the slabs of one or more tensors; a histogram of log10 |error| when asked."""
+    """Running error of the slabs of one or more tensors (an :class:`~arrayquant.metrics.ErrorMeter`)
+    and, when asked, a histogram of log10 |error|."""
 
-    signal: float = 0.0
-    noise: float = 0.0
-    max_err: float = 0.0
-    count: int = 0
+    meter: ErrorMeter = dataclasses.field(default_factory=ErrorMeter)
     hist: np.ndarray | None = None
     tiny: int = 0  # errors below the first bin, exact ones included
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
-        x = np.asarray(x, np.float64).reshape(-1)
+        ref = np.asarray(x, np.float64).reshape(-1)
         err = np.array(y, np.float64).reshape(-1)  # a copy, whatever y is: the error is made in place
-        np.subtract(err, x, out=err)
-        self.signal += float(np.dot(x, x))
-        self.noise += float(np.dot(err, err))
-        self.count += err.size
-        if err.size:
-            np.abs(err, out=err)
-            self.max_err = max(self.max_err, float(err.max()))
-            if self.hist is not None:
-                small = err < 10.0 ** _HIST_EDGES[0]
-                self.tiny += int(np.count_nonzero(small))
-                logs = np.log10(err[~small])
-                self.hist += np.histogram(np.minimum(logs, _HIST_EDGES[-1]), _HIST_EDGES)[0]
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN: reported, not warned
+            np.subtract(err, ref, out=err)
+        self.meter.add_error(ref, err)  # leaves |err| in err
+        if self.hist is not None and err.size:
+            small = err < 10.0 ** _HIST_EDGES[0]
+            self.tiny += int(np.count_nonzero(small))
+            logs = np.log10(err[~small & ~np.isnan(err)])
+            self.hist += np.histogram(np.minimum(logs, _HIST_EDGES[-1]), _HIST_EDGES)[0]
 
     def merge(self, other: ErrorStats) -> None:
-        self.count += other.count
-        self.max_err = max(self.max_err, other.max_err)
+        self.meter.merge(other.meter)
         if self.hist is not None and other.hist is not None:
             self.hist += other.hist
             self.tiny += other.tiny
 
     @property
+    def count(self) -> int:
+        return self.meter.count
+
+    @property
+    def max_err(self) -> float:
+        return self.meter.max_abs_error
+
+    @property
     def sqnr(self) -> float:
-        """``10 log10(signal / noise)`` in dB; inf for an exact copy."""
-        if self.noise == 0:
-            return math.inf
-        return -math.inf if self.signal == 0 else 10 * math.log10(self.signal / self.noise)
+        """``10 log10(signal / noise)`` in dB: inf for an exact copy, -inf for an infinite error, NaN with a NaN."""
+        return self.meter.sqnr
 
 
 def _slabs(qt: QuantizedTensor) -> Iterator[Chunk]:
@@ -334,13 +277,17 @@ def _fmt_db(v: float) -> str:
     return "inf" if v == math.inf else "-inf" if v == -math.inf else f"{v:.2f}"
 
 
+def _worst_first(s: float) -> tuple[bool, float]:
+    return (not math.isnan(s), s)  # NaN is worse than any number
+
+
 def _sqnr_summary(rows: Sequence[tuple[str, ErrorStats]]) -> str:
     if not rows:
         return "SQNR: n/a (no quantized tensor)"
     finite = [s.sqnr for _, s in rows if math.isfinite(s.sqnr)]
     mean = sum(finite) / len(finite) if finite else math.inf
-    worst_name, worst = min(rows, key=lambda r: r[1].sqnr)
-    return f"SQNR: mean {_fmt_db(mean)} dB, worst {_fmt_db(worst.sqnr)} dB ({worst_name})"
+    worst_name, worst = min(rows, key=lambda r: _worst_first(r[1].sqnr))
+    return f"SQNR: mean {_fmt_db(mean)} dB, worst {_fmt_db(worst.sqnr)} dB ({shown(worst_name)})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,18 +323,29 @@ def quantize_checkpoint(
     backend: str | None = None,
     device: Any = None,
     quiet: bool = False,
+    nonfinite: str = "error",
 ) -> int:
-    """``arrayquant quantize``: quantize the selected tensors of ``src`` into ``dst``, one at a time."""
-    scheme = QuantScheme.parse(scheme_text)
-    plan_for(scheme)  # refuse an impossible scheme before any work
+    """``arrayquant quantize``: quantize the selected tensors of ``src`` into ``dst``, one at a time.
+
+    ``nonfinite`` says what NaN and infinities in a selected tensor do: ``"error"`` refuses them
+    (naming the tensor), ``"zero"`` sets them to 0 first, ``"saturate"`` quantizes unchecked
+    (infinities saturate, NaN gives code 0 or the NaN code of fp8 values).
+    """
+    if nonfinite not in _NONFINITE:
+        msg = f"--nonfinite {nonfinite!r} is not one of {', '.join(_NONFINITE)}"
+        raise CommandError(msg)
+    scheme = check_scheme(scheme_text)  # refuse an impossible scheme before any work or output
     tqdm = _tqdm()
     _output_folder(dst)
+    _not_the_input(src, dst)
     name = backend or default().name
     results: list[tuple[str, ErrorStats]] = []
+    zeroed: dict[str, int] = {}
     with Checkpoint(src) as ck:
         if ck.described:
             msg = (
-                f"{src} already holds {len(ck.described)} quantized tensors (e.g. {next(iter(ck.described))!r}); "
+                f"{shown(src)} already holds {len(ck.described)} quantized tensors "
+                f"(e.g. {next(iter(ck.described))!r}); "
                 "quantize the original checkpoint, or `arrayquant dequantize` this one first"
             )
             raise QuantizationError(msg)
@@ -405,14 +363,21 @@ def quantize_checkpoint(
 
             def items() -> Iterator[tuple[str, Any]]:
                 for e in ck.tensors:
-                    bar.set_postfix_str(e.name, refresh=False)
+                    bar.set_postfix_str(shown(e.name), refresh=False)
                     if e.name in chosen:
                         host = ck.array(e.name)
                         if e.dtype == "BF16" and name not in ("numpy", "jax"):  # no bfloat16 there: exact in f32
                             host = host.astype(np.float32)
+                        if nonfinite == "zero":
+                            host, bad = _zero_nonfinite(host)
+                            if bad:
+                                zeroed[e.name] = bad
                         x = asarray(host, backend=name, device=device)
                         del host
-                        qt = quantize(x, scheme)
+                        try:
+                            qt = quantize(x, scheme, check_finite=nonfinite != "saturate")
+                        except NonFiniteInputError as exc:
+                            raise NonFiniteInputError(_nonfinite_message(e.name, src, exc)) from None
                         if e.dtype == "BF16":  # the original dtype, whichever backend quantized it
                             qt = dataclasses.replace(qt, dtype=ck.array_dtype(e.name))
                         results.append((e.name, quantization_error(x, qt, ErrorStats())))
@@ -430,9 +395,16 @@ def quantize_checkpoint(
     )
     print(f"size: {before / _MiB:.1f} MiB -> {after / _MiB:.1f} MiB ({before / max(after, 1):.2f}x smaller)")
     print(_sqnr_summary(results))
+    if zeroed:
+        first = next(iter(zeroed))
+        print(
+            f"note: --nonfinite zero set {sum(zeroed.values())} NaN or infinite values to 0 in {len(zeroed)} "
+            f"tensors (e.g. {first!r})",
+            file=sys.stderr,
+        )
     if not results:
         print("warning: no tensor matched; the output is a copy of the input", file=sys.stderr)
-    print(f"wrote {dst}")
+    print(f"wrote {shown(dst)}")
     return 0
 
 
@@ -449,6 +421,7 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None) -> int:
     """``arrayquant dequantize``: every quantized tensor back to floats (``dtype``, default its original)."""
     counts = {"quantized": 0}
     _output_folder(dst)
+    _not_the_input(src, dst)
     with Checkpoint(src) as ck:
 
         def items() -> Iterator[tuple[str, Any]]:
@@ -463,7 +436,11 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None) -> int:
         save_stream(dst, items(), metadata=ck.user_metadata)
     what = dtype or "their original dtypes"
     size = Path(dst).stat().st_size / _MiB
-    print(f"dequantized {counts['quantized']} of {len(ck.tensors)} tensors to {what}; wrote {dst} ({size:.1f} MiB)")
+    print(
+        f"dequantized {counts['quantized']} of {len(ck.tensors)} tensors to {what}; wrote {shown(dst)} ({size:.1f} MiB)"
+    )
+    if not counts["quantized"]:
+        print(f"warning: {shown(src)} holds no quantized tensor; the output is a copy of the input", file=sys.stderr)
     return 0
 
 
@@ -476,40 +453,59 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 
 
 def inspect_checkpoint(path: str) -> int:
-    """``arrayquant inspect``: a row per tensor with its shape, scheme or dtype, bytes and scale range."""
+    """``arrayquant inspect``: a row per tensor (in natural name order) with its shape, scheme or
+    dtype, bytes and scale range."""
     rows = []
     total = quantized = 0
     with Checkpoint(path) as ck:
-        for e in ck.tensors:
-            if e.name in ck.described:
-                qt = ck.quantized(e.name)
-                nbytes = sum(
-                    ck.entries[k].nbytes for k in (e.name, *(e.name + s for s in _SIBLINGS)) if k in ck.entries
-                )
+        by_name = {e.name: e for e in ck.tensors}
+        for name in _order(by_name):
+            e = by_name[name]
+            if name in ck.described:
+                qt = ck.quantized(name)
+                nbytes = sum(ck.entries[k].nbytes for k in (name, *(name + s for s in _SIBLINGS)) if k in ck.entries)
                 scales = np.asarray(qt.scales)
                 span = f"{float(scales.min()):.3e}..{float(scales.max()):.3e}"
                 if qt.global_scale is not None:
                     span += f" x {float(np.asarray(qt.global_scale)[0]):.3e}"
-                rows.append([e.name, "x".join(map(str, qt.shape)), str(qt.scheme), f"{nbytes:,}", span])
+                rows.append([shown(name), "x".join(map(str, qt.shape)), str(qt.scheme), f"{nbytes:,}", span])
                 quantized += 1
             else:
                 nbytes = e.nbytes
-                rows.append([e.name, "x".join(map(str, e.shape)) or "()", _PLAIN[e.dtype][1], f"{nbytes:,}", "-"])
+                rows.append([shown(name), "x".join(map(str, e.shape)) or "()", _PLAIN[e.dtype][1], f"{nbytes:,}", "-"])
             total += nbytes
     print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], rows, {3})))
     print(f"\n{len(rows)} tensors, {quantized} quantized, {total / _MiB:.2f} MiB of tensor data")
     return 0
 
 
-def _plot(path: str, stats: ErrorStats, tensors: int) -> None:
+def _figure() -> tuple[Any, Any]:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         raise _missing("matplotlib") from None
-    assert stats.hist is not None
     fig = Figure(figsize=(8, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)  # the Agg canvas: no display, no global pyplot state
+    return fig, FigureCanvasAgg(fig)  # the Agg canvas: no display, no global pyplot state
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` file matplotlib cannot write (by its extension) before any work."""
+    formats = _figure()[1].get_supported_filetypes()
+    ext = Path(path).suffix.lower().lstrip(".")
+    if ext not in formats:
+        what = f"'.{ext}'" if ext else "no extension"
+        msg = (
+            f"--plot {shown(path)} has {what}; matplotlib writes {', '.join('.' + k for k in sorted(formats))} "
+            "(e.g. errors.png)"
+        )
+        raise CommandError(msg)
+    _output_folder(path)
+
+
+def _plot(path: str, stats: ErrorStats, tensors: int) -> None:
+    fig, _ = _figure()
+    assert stats.hist is not None
     ax = fig.add_subplot()
     ax.stairs(stats.hist, 10.0**_HIST_EDGES, fill=True, alpha=0.7)
     ax.set_xscale("log")
@@ -529,44 +525,93 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return a.size == b.size and all(np.array_equal(a[i : i + step], b[i : i + step]) for i in range(0, a.size, step))
 
 
+def _check_pair(original: str, quantized: str, orig: Checkpoint, ck: Checkpoint) -> None:
+    """Refuse arguments given the wrong way round, or files of two different models."""
+    if orig.described:
+        swapped = (
+            f" and QUANTIZED {shown(quantized)} holds none: the arguments look swapped" if not ck.described else ""
+        )
+        msg = (
+            f"ORIGINAL {shown(original)} holds {len(orig.described)} quantized tensors "
+            f"(e.g. {next(iter(orig.described))!r}){swapped}; give the float checkpoint first: "
+            "arrayquant compare ORIGINAL QUANTIZED"
+        )
+        raise CommandError(msg)
+    ours, theirs = {e.name for e in ck.tensors}, {e.name for e in orig.tensors}
+    if not ours & theirs:
+        example = lambda names: f", e.g. {_order(names)[0]!r}" if names else ""
+        msg = (
+            f"ORIGINAL {shown(original)} ({len(theirs)} tensors{example(theirs)}) and QUANTIZED {shown(quantized)} "
+            f"({len(ours)} tensors{example(ours)}) have no tensor name in common; are they checkpoints of one model?"
+        )
+        raise CommandError(msg)
+
+
 def compare_checkpoints(original: str, quantized: str, plot: str | None = None) -> int:
-    """``arrayquant compare``: SQNR and maximum error of every tensor of ``quantized`` against ``original``."""
+    """``arrayquant compare``: SQNR and maximum error of every tensor of ``quantized`` against ``original``.
+
+    Tensors are listed in natural name order, as ``inspect`` lists them. Exits 1 when the files
+    do not fit (ORIGINAL quantized, no name in common, nothing comparable) or an error is not finite.
+    """
+    if plot:
+        check_plot_path(plot)
     new_stats: Callable[[], ErrorStats] = lambda: ErrorStats(
         hist=np.zeros(len(_HIST_EDGES) - 1, np.int64) if plot else None
     )
     total = new_stats()
-    rows, measured = [], []
+    rows, measured, identical = [], [], 0
     with Checkpoint(original) as orig, Checkpoint(quantized) as ck:
-        for e in ck.tensors:
-            if e.name not in orig.entries:
-                rows.append([e.name, "-", "-", "-", "only in QUANTIZED"])
+        _check_pair(original, quantized, orig, ck)
+        described = bool(ck.described)
+        by_name = {e.name: e for e in ck.tensors}
+        for name in _order(by_name.keys() | {e.name for e in orig.tensors}):
+            if name not in by_name:
+                rows.append([shown(name), "-", "-", "-", "missing from QUANTIZED"])
                 continue
-            ref = orig.entries[e.name]
-            if e.name in ck.described:
-                qt = ck.quantized(e.name)
+            e = by_name[name]
+            if name not in orig.entries:
+                rows.append([shown(name), "-", "-", "-", "only in QUANTIZED"])
+                continue
+            ref = orig.entries[name]
+            if name in ck.described:
+                qt = ck.quantized(name)
                 if tuple(qt.shape) != ref.shape:
-                    msg = f"tensor {e.name!r} is {list(qt.shape)} in {quantized} but {list(ref.shape)} in {original}"
+                    msg = f"tensor {name!r} is {list(qt.shape)} in {quantized} but {list(ref.shape)} in {original}"
                     raise ShapeError(msg)
-                stats, kind = quantization_error(orig.array(e.name), qt, new_stats()), str(qt.scheme)
-            elif e.dtype == ref.dtype and e.shape == ref.shape and _same_bytes(ck.raw(e.name), orig.raw(e.name)):
-                rows.append([e.name, _PLAIN[e.dtype][1], "inf", "0", "identical"])
+                stats, kind = quantization_error(orig.array(name), qt, new_stats()), str(qt.scheme)
+            elif e.dtype == ref.dtype and e.shape == ref.shape and _same_bytes(ck.raw(name), orig.raw(name)):
+                rows.append([shown(name), _PLAIN[e.dtype][1], "inf", "0", "identical"])
+                identical += 1
                 continue
             elif e.dtype in FLOAT_HEADERS and ref.dtype in FLOAT_HEADERS and e.shape == ref.shape:
-                stats, kind = _plain_error(orig.array(e.name), ck.array(e.name), new_stats()), _PLAIN[e.dtype][1]
+                stats, kind = _plain_error(orig.array(name), ck.array(name), new_stats()), _PLAIN[e.dtype][1]
             else:
-                rows.append([e.name, _PLAIN[e.dtype][1], "-", "-", "differs"])
+                rows.append([shown(name), _PLAIN[e.dtype][1], "-", "-", "differs"])
                 continue
-            measured.append((e.name, stats))
+            measured.append((name, stats))
             total.merge(stats)
-            rows.append([e.name, kind, _fmt_db(stats.sqnr), f"{stats.max_err:.3e}", ""])
-        missing = [n.name for n in orig.tensors if n.name not in ck.entries and n.name not in ck.described]
-    rows += [[n, "-", "-", "-", "missing from QUANTIZED"] for n in missing]
+            rows.append([shown(name), kind, _fmt_db(stats.sqnr), f"{stats.max_err:.3e}", ""])
     print("\n".join(_table(["name", "scheme / dtype", "SQNR dB", "max |err|", "note"], rows, {2, 3})))
     print()
     print(_sqnr_summary(measured) + (f", max |err| {total.max_err:.3e}" if measured else ""))
+    if not described:  # a dequantized checkpoint, say: its floats are measured as they are
+        print(f"note: QUANTIZED {shown(quantized)} holds no quantized tensor; its floats were compared")
+    if not measured and not identical:
+        msg = (
+            f"no tensor of QUANTIZED {shown(quantized)} matches one of ORIGINAL {shown(original)} in shape "
+            "and kind; nothing could be compared"
+        )
+        raise CommandError(msg)
     if plot:
         _plot(plot, total, len(measured))
-        print(f"wrote {plot}")
+        print(f"wrote {shown(plot)}")
+    bad = [n for n, s in measured if not math.isfinite(s.max_err)]
+    if bad:
+        msg = (
+            f"the error of {len(bad)} tensor(s) is not finite (NaN or infinity in either file), "
+            f"first {bad[0]!r}; see the table"
+        )
+        raise CommandError(msg)
     return 0
 
 
@@ -602,5 +647,5 @@ def write_demo_checkpoint(path: str, data: Callable[..., np.ndarray]) -> int:
     tensors = dict(layers())  # a few MiB
     save_stream(path, tensors.items(), metadata={"source": "arrayquant demo --write-checkpoint"})
     size = Path(path).stat().st_size / _MiB
-    print(f"wrote {path}: {len(tensors)} float32 tensors ({size:.1f} MiB)")
+    print(f"wrote {shown(path)}: {len(tensors)} float32 tensors ({size:.1f} MiB)")
     return 0

@@ -109,3 +109,35 @@ def xp(request: pytest.FixtureRequest) -> XP:
 def np_xp() -> XP:
     """NumPy only, for tests of backend-independent behaviour."""
     return _make(Backend.NUMPY)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skip report gives, without pytest's ``Skipped: `` prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Summarise skips as one line per distinct reason with a count.
+
+    pytest's ``-rs`` lists one line per test file and line, which on an install without the
+    optional backends is hundreds of lines that hide a failure. This hook runs inside the
+    terminal reporter's summary, before its "short test summary info", so the failures stay
+    last; it takes the skip lines over from ``-r`` and prints one line per reason instead.
+    ``--no-fold-skipped`` keeps pytest's own per-test listing.
+    """
+    reporter = terminalreporter
+    if not getattr(reporter, "foldskipped", True):
+        return
+    reporter.reportchars = reporter.reportchars.replace("s", "")
+    skipped = reporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts: dict[str, int] = {}
+    for report in skipped:
+        reason = _skip_reason(report)
+        counts[reason] = counts.get(reason, 0) + 1
+    reporter.write_sep("=", f"{len(skipped)} skipped, by reason", yellow=True)
+    for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        reporter.write_line(f"SKIPPED [{count}] {reason}")

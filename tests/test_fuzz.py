@@ -14,6 +14,13 @@ entries), edits of the metadata (format, scheme, shape, dtype), and structural e
 with the raw safetensors API (dropped, retyped, reshaped, cut, swapped, copied and randomised
 entries). CI runs ~200 examples per target; ``-m slow`` runs 5000. ``OUTCOMES`` counts what
 happened, printed at the end of the module (``pytest -s``).
+
+The second half runs the harness of ``tests/fuzz_targets.py`` (also ``ci/fuzz.py``): ``load``,
+the CLI's reader and commands, ``read_nvfp4``, ``from_bytes`` with random schemes, shapes and
+buffer types, and ``quantize`` of data at the ends of each float range; each case in a worker
+process with its address space capped (``RLIMIT_AS``), where any non-library exception, leaked
+warning, case over 5 s, memory-cap hit or inconsistent result is a failure. CI runs 1,000 cases
+per target; ``-m slow`` runs 200,000.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arrayquant as aq
+
+from . import fuzz_targets as ft
 
 # Hypothesis imports this (and libcst) only to report a failure; pyproject turns warnings into
 # errors, and libcst's DeprecationWarning would then hide the falsifying example. Import it now.
@@ -452,3 +461,62 @@ def test_bases_are_valid(workdir: Path) -> None:
         assert _serialize(entries, meta)  # the raw writer reproduces a loadable file
     for scheme, shape, buf in burn_bases():
         _from_bytes(buf, scheme, shape, "base")
+
+
+# ---------------------------------------------------------------------------------------------
+# every reader, in memory-capped workers (tests/fuzz_targets.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _harness_run(cases: int, seed: int, workers: int = 1) -> ft.Tally:
+    tally = ft.Tally()
+    with ft.Harness(workers=workers) as h:
+        for res in h.run(ft.plan(cases, seed)):
+            tally.add(res)
+    print("\n" + tally.report())
+    return tally
+
+
+def _assert_clean(tally: ft.Tally, cases: int) -> None:
+    assert tally.total == cases
+    for target in ft.TARGETS:  # each target reaches both ends: accepted inputs and typed refusals
+        counts = tally.per_target[target]
+        assert counts["loaded-correct"] >= 0.02 * cases / len(ft.TARGETS), (target, counts)
+        assert sum(1 for k in counts if k.startswith("error ")) >= 3, (target, counts)
+    assert tally.extra, "the CLI commands ran on no case"
+    if tally.failed:
+        pytest.fail(f"{tally.failed} of {cases} fuzz cases failed\n{tally.report(examples=3)}", pytrace=False)
+
+
+def test_fuzz_harness_catches_every_failure_class() -> None:
+    """The harness itself: each failure class is detected (slow and abort thresholds shortened)."""
+    with ft.Harness(slow_s=0.5, abort_s=1) as h:
+        results = {r.seed: r for r in h.run(("selftest", i) for i in range(len(ft.SELFTEST)))}
+        starts = h.starts
+    got = [(ft.SELFTEST[i][0], results[i].outcome) for i in range(len(ft.SELFTEST))]
+    assert [want for want, _ in got] == [outcome for _, outcome in got]
+    assert "aborted after 1 s" in results[8].detail
+    assert "peak RSS grew" in results[10].detail
+    assert "exit code -9" in results[11].detail
+    assert starts == 3  # a fresh worker after the memory cases; none needed after the crash
+
+
+def test_fuzz_cases_replay_and_reproduce() -> None:
+    """A seed alone decides a case, and its reproducer is Python that runs on its own."""
+    for target in ft.TARGETS:
+        a, b = ft.make_case(target, 7), ft.make_case(target, 7)
+        assert (a.kind, a.blob, a.source, a.name) == (b.kind, b.blob, b.source, b.name)
+        assert (a.kind, a.blob, a.source) != (lambda c: (c.kind, c.blob, c.source))(ft.make_case(target, 8))
+        compile(ft.reproducer(a), f"<{target}>", "exec")
+
+
+def test_fuzz_every_reader() -> None:
+    cases = 1000 * len(ft.TARGETS)
+    _assert_clean(_harness_run(cases, seed=0), cases)
+
+
+@pytest.mark.slow
+def test_fuzz_every_reader_long() -> None:
+    """The opt-in run of the issue: 200,000 cases (ci/fuzz.py --cases 200000 does the same)."""
+    cases = 200_000
+    _assert_clean(_harness_run(cases, seed=1, workers=2), cases)

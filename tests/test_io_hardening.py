@@ -538,3 +538,29 @@ def test_zero_size_entries_cost_little_memory_each(tmp_path: Path) -> None:
     assert len(out) == n
     assert all(v.shape == (0,) and v.dtype == np.float32 for v in out.values())
     assert peak / n < 800, peak / n  # about 400 bytes; format-1 era code took 1,200 (and 1.9 KB of RSS)
+
+
+def test_read_nvfp4_refuses_ranks_the_core_cannot_hold() -> None:
+    from arrayquant.io.compressed_tensors import read_nvfp4, write_nvfp4
+
+    entries = write_nvfp4(aq.quantize(np.ones((2, 32), np.float32), "nvfp4"), "fc", scale_codes=True)
+    deep = {k: v if k == "fc.weight_global_scale" else v.reshape((1,) * 31 + v.shape) for k, v in entries.items()}
+    with pytest.raises(aq.ShapeError, match=r"weight 'fc' shape has 33 axes; quantized tensors have at most 32"):
+        read_nvfp4(deep, "fc", backend="numpy")
+
+
+def test_save_refuses_a_name_that_is_not_unicode(tmp_path) -> None:
+    with pytest.raises(aq.ShapeError, match=r"tensor name '\\ud800' is not valid Unicode text"):
+        aq.save(str(tmp_path / "x.safetensors"), {"\ud800": np.ones(2, np.float32)})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bits", [0x7F800001, 0xFFC00000, 0x7F800000, 0x00000000])
+def test_read_nvfp4_refuses_a_bad_divisor_without_a_warning(bits: int) -> None:
+    # a signalling NaN (0x7F800001) made NumPy warn "invalid value" before the typed error
+    from arrayquant.io.compressed_tensors import read_nvfp4, write_nvfp4
+
+    entries = write_nvfp4(aq.quantize(np.ones((2, 32), np.float32), "nvfp4"), "fc", scale_codes=True)
+    entries["fc.weight_global_scale"] = np.array([bits], np.uint32).view(np.float32)
+    with pytest.raises(aq.ParamsError, match=r"'fc.weight_global_scale' is .*must be a positive finite f32"):
+        read_nvfp4(entries, "fc", backend="numpy")

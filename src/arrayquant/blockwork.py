@@ -29,7 +29,10 @@ from .kernels.minifloat import FORMATS
 from .scheme import F32_MAX, Calibration
 from .storage import pack_codes, unpack_values
 
-__all__ = ["Steps", "max_of"]
+__all__ = ["Steps", "cast_saturating", "max_of"]
+
+# finite maxima of float dtypes narrower than f32 whose finfo a namespace may not give (ml_dtypes' bfloat16)
+_NARROW_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 
 
 @dataclass(frozen=True)
@@ -121,3 +124,16 @@ def max_of(parts: list[Any], *, xp: Any) -> Any:
     for p in parts[1:]:
         out = xp.maximum(out, p)
     return out
+
+
+def cast_saturating(y: Any, dtype: Any, *, xp: Any) -> Any:
+    """f32 ``y`` as ``dtype``, saturating at a narrower dtype's finite maximum instead of becoming inf.
+
+    Dequantized float16 data near its maximum can come back a rounding step beyond it (q8f of
+    -65504: -128 codes times 65504/127.5); the data was finite, so the result is too.
+    """
+    name = str(dtype).rsplit(".", 1)[-1].strip("'<>")
+    top = _NARROW_MAX.get(name)
+    if top is not None:
+        y = xp.clip(y, -top, top)
+    return y if y.dtype == dtype else xp.astype(y, dtype)

@@ -7,7 +7,7 @@ from typing import Any
 import array_api_compat as compat
 
 from .backends import dask_graph, shim
-from .blockwork import Steps
+from .blockwork import Steps, cast_saturating
 from .chunks import Sink, row_chunks
 from .errors import DTypeError, ParamsError
 from .invariants import check_params, check_shape, is_real_float, namespace_of, plan_for
@@ -96,5 +96,5 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
         for c in chunks:
             n_packed = c.rows.stop - c.rows.start if axis == 0 else n_axis
             y = steps.decode(qt.values[c.stored, ...], eff[c.grid, ...] if dims else eff, tab, n_packed, xp=xp)
-            out.put(c.rows, xp.astype(y, out_dtype, copy=False))
+            out.put(c.rows, cast_saturating(y, out_dtype, xp=xp))
         return out.result

@@ -16,7 +16,7 @@ from typing import Any
 import array_api_compat as compat
 
 from .backends import dask_graph, shim
-from .blockwork import Steps, max_of
+from .blockwork import Steps, cast_saturating, max_of
 from .chunks import Chunk, Sink, row_chunks
 from .invariants import Plan, check_scale_values
 from .invariants import check_finite as check_data_finite
@@ -276,4 +276,4 @@ def dequantize_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, glob: Any, tab
         )
     else:
         y = dask_graph.map_chunks(chunked.decode, [values], [scales, glob, tab], layout.data, f32)
-    return y if y.dtype == out_dtype else y.astype(out_dtype)
+    return cast_saturating(y, out_dtype, xp=compat.array_namespace(y))

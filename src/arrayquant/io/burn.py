@@ -107,8 +107,25 @@ def check_codes(values: np.ndarray, plan: Plan, what: str) -> None:
 
 
 def to_bytes(qt: QuantizedTensor) -> bytes:
-    """The Burn byte layout of ``qt``.
+    """The Burn byte layout of ``qt``: values, then scales in their dtype, then the f32 global.
 
+    Parameters
+    ----------
+    qt : QuantizedTensor
+        Any backend; its arrays are read to the host.
+
+    Returns
+    -------
+    bytes
+        Little-endian, exactly :func:`quantized_nbytes` long.
+
+    Raises
+    ------
+    ParamsError, ShapeError
+        A tensor whose scales or values do not fit its scheme and shape.
+
+    Examples
+    --------
     >>> import numpy as np, arrayquant as aq
     >>> qt = aq.QuantizedTensor(aq.QuantScheme.parse("q8s:block4:ue4m3:tensor:f32:native"), (8,),
     ...     np.float32, np.array([0, 25, 51, 76, 102, 127, -128, -1], np.int8),
@@ -144,6 +161,36 @@ def from_bytes(
 ) -> QuantizedTensor:
     """Read the Burn byte layout back into a tensor on ``backend``/``device``, checking everything.
 
+    Parameters
+    ----------
+    buf : bytes, bytearray or memoryview
+        Exactly :func:`quantized_nbytes` of the scheme and shape.
+    scheme : QuantScheme or str
+        The scheme the bytes were written with (the layout does not record it). Lookup schemes
+        need a named codebook (``"nf4"``): the layout has no room for a table.
+    shape : int or tuple of int
+        The data's shape.
+    backend, device : optional
+        Where the arrays go (default: the default backend and its default device).
+
+    Returns
+    -------
+    QuantizedTensor
+
+    Raises
+    ------
+    MissingGlobalScaleError
+        A two-level scheme whose buffer is 4 bytes short (no global scale).
+    CorruptDataError
+        Any other length, or codes or scales the scheme cannot produce (NaN scales, E2M1 bytes
+        above 0x0F, ...).
+    DTypeError
+        ``buf`` is not a contiguous bytes-like object.
+    SchemeError, ShapeError, ParamsError
+        An invalid scheme or shape (more than 32 axes included), a lookup scheme without codebook.
+
+    Examples
+    --------
     >>> import arrayquant as aq
     >>> buf = bytes.fromhex("00 19 33 4C 66 7F 80 FF 30 20 00 00 40 40")
     >>> qt = aq.from_bytes(buf, "q8s:block4:ue4m3:tensor:f32:native", (8,), backend="numpy")

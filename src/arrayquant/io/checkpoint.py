@@ -280,6 +280,14 @@ def _check_name(name: object) -> None:
         raise ShapeError(msg)
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _describe(qt: QuantizedTensor) -> str:
     return json.dumps({"scheme": str(qt.scheme), "dtype": dtype_name(qt.dtype), "shape": list(qt.shape)})
 
@@ -287,6 +295,31 @@ def _describe(qt: QuantizedTensor) -> str:
 def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     """Write quantized tensors and plain arrays to a safetensors file, atomically.
 
+    A quantized tensor ``name`` is stored as ``name.qvalues`` and ``name.scales`` (plus
+    ``name.global_scale`` and ``name.table`` where it has them), described in the file's
+    metadata, so no float loader mistakes its codes for weights. The file is written to a
+    temporary name and renamed into place. Lazy (Dask) tensors are written chunk by chunk.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The output file; replaced atomically if it exists.
+    tensors : mapping of str to QuantizedTensor or array
+        Quantized tensors and plain arrays (float, integer, bool; bfloat16 and fp8 through
+        ml_dtypes) of any backend.
+
+    Raises
+    ------
+    ParamsError, ShapeError
+        A quantized tensor whose parts do not fit its scheme, or a name the layout reserves
+        (ending in ``.qvalues``, ``.scales``, ...).
+    DTypeError
+        An array of a dtype safetensors cannot hold.
+    BackendUnavailableError
+        The ``safetensors`` package is missing (``pip install 'arrayquant[io]'``).
+
+    Examples
+    --------
     >>> import numpy as np, arrayquant as aq, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
     >>> qt = aq.quantize(np.ones((4, 32), np.float32), "nvfp4")
@@ -302,6 +335,13 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     entries: dict[str, _Part] = {}
     metadata = {_FORMAT_KEY: FORMAT_VERSION}
     for name, item in tensors.items():
+        if isinstance(name, str) and not _utf8(name):
+            # the safetensors serializer takes UTF-8 only; the streamed writers escape such names in JSON
+            msg = (
+                f"tensor name {name!r} is not valid Unicode text (a lone surrogate), which aq.save cannot "
+                "write; rename the tensor"
+            )
+            raise ShapeError(msg)
         _add(entries, _parts(name, item, metadata))
     buffers = {k: np.frombuffer(memoryview(data).cast("B"), np.uint8) for k, (data, _, _) in entries.items()}
     specs = {
@@ -478,6 +518,14 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None, device: An
         A file that is not what it claims: see :class:`arrayquant.io.reader.Checkpoint`.
     ShapeError, SchemeError, ParamsError, MissingGlobalScaleError, UnexpectedGlobalScaleError
         A quantized tensor whose parts do not fit its description, each naming the tensor.
+
+    Examples
+    --------
+    >>> import numpy as np, arrayquant as aq, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> aq.save(path, {"w": aq.quantize(np.ones((2, 64), np.float32), "nf4")})
+    >>> str(aq.load(path, backend="numpy")["w"].scheme)
+    'nf4'
     """
     name_ = backend or default().name
     same = name_.strip().lower() == "numpy" and device is None  # host arrays as read: nothing to convert

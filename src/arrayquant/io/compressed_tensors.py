@@ -58,7 +58,7 @@ import numpy as np
 
 from ..backends import default, shim
 from ..errors import CorruptDataError, DTypeError, MissingGlobalScaleError, ParamsError, SchemeError, ShapeError
-from ..invariants import plan_for
+from ..invariants import check_shape, plan_for
 from ..scheme import QuantScheme, ScaleDtype
 from ..storage import values_layout
 from ..tensor import QuantizedTensor
@@ -157,7 +157,7 @@ def read_nvfp4(
     if packed.ndim < 1 or packed.shape[-1] < 1 or min(packed.shape) < 1:
         msg = f"{packed_key!r} has shape {packed.shape}; it must be (rows, cols // 2) with at least one byte per row"
         raise ShapeError(msg)
-    shape = (*packed.shape[:-1], 2 * packed.shape[-1])
+    shape = check_shape((*packed.shape[:-1], 2 * packed.shape[-1]), f"weight {name!r} shape")
     grid = plan.grid_shape(shape)
     if tuple(codes.shape) != grid:
         msg = (
@@ -168,8 +168,8 @@ def read_nvfp4(
     if divisor.size != 1:
         msg = f"{global_key!r} has shape {divisor.shape}; it must hold exactly one f32 divisor, shape (1,)"
         raise ShapeError(msg)
-    gs = np.float32(divisor.reshape(-1)[0])
-    with np.errstate(over="ignore", divide="ignore"):
+    with np.errstate(all="ignore"):  # NaN (signalling ones too), inf and zero divisors are refused below
+        gs = np.float32(divisor.reshape(-1)[0])
         g = np.float32(1) / gs
     if not (np.isfinite(gs) and gs > 0 and np.isfinite(g) and g > 0):
         msg = (

@@ -52,25 +52,41 @@ def _pairwise_sum(v: Any, *, xp: Any) -> Any:
     return v[..., 0]
 
 
+def _mean_of_rows(v: Any, count: Any, *, xp: Any) -> Any:
+    """``tree_sum(v) / count`` over the last axis, exact in scale where the sum overflows f32.
+
+    Where the tree's sum of finite values passes the f32 maximum, the same tree runs on the values
+    times ``2^-k`` (``2^k`` at least the row length, so that sum stays finite) and the mean is
+    scaled back: powers of two commute with every rounding of the tree, so the result is what
+    the tree gives with an unbounded exponent (tiny values that the scaling makes subnormal
+    aside). Elsewhere the plain tree's bits are kept.
+    """
+    total = _pairwise_sum(v, xp=xp)
+    k = max(v.shape[-1] - 1, 1).bit_length()
+    dev = device_of(v)
+    down = xp.asarray(2.0**-k, dtype=xp.float32, device=dev)
+    scaled = _pairwise_sum(xp.multiply(v, down), xp=xp)
+    wide = xp.multiply(xp.divide(scaled, count), xp.asarray(2.0**k, dtype=xp.float32, device=dev))
+    return xp.where(xp.isinf(total), wide, xp.divide(total, count))
+
+
 def _absmean(x: Any, dims: tuple[int, ...], *, xp: Any, finite_only: bool) -> Any:
     a = finite_abs(x, xp=xp) if finite_only else xp.abs(x)
     shape = tuple(x.shape)
     if not dims:
-        total = _pairwise_sum(xp.reshape(a, (-1,)), xp=xp)
         count = xp.asarray(float(math.prod(shape)), dtype=xp.float32, device=device_of(x))
-        return xp.reshape(xp.divide(total, count), (1,))
+        return xp.reshape(_mean_of_rows(xp.reshape(a, (-1,)), count, xp=xp), (1,))
     rank = len(shape)
     v = as_blocks(pad_to_blocks(a, dims, xp=xp, edge=False), dims, xp=xp)
     grid = tuple(v.shape[2 * i] for i in range(rank))
     # block elements in row-major order within the block, then the fixed tree
     v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
-    total = _pairwise_sum(xp.reshape(v, (*grid, math.prod(dims))), xp=xp)
     count = xp.ones(grid, dtype=xp.float32, device=device_of(x))
     for axis, (n, b) in enumerate(zip(shape, dims, strict=True)):
         per_block = [float(min(b, n - g * b)) for g in range(grid[axis])]
         line = xp.asarray(per_block, dtype=xp.float32, device=device_of(x))
         count = xp.multiply(count, xp.reshape(line, (1,) * axis + (grid[axis],) + (1,) * (rank - axis - 1)))
-    return xp.divide(total, count)
+    return _mean_of_rows(xp.reshape(v, (*grid, math.prod(dims))), count, xp=xp)
 
 
 def compute_range(

@@ -24,6 +24,8 @@ def quantize_lookup(x: Any, eff: Any, table: Any, plan: Plan, *, scrub_nan: bool
     zero = eff == 0
     fill = float("inf") if not scrub_nan else 1.0
     y = xp.divide(x, xp.where(zero, xp.asarray(fill, dtype=eff.dtype, device=dev), eff))
+    shape = tuple(y.shape)
+    y = xp.reshape(y, (-1,))  # flat: the entries axis added below must not pass NumPy's 64 axes
     # nearest entry in groups of 16: an argmin over a small stacked axis (first occurrence on ties)
     # keeps both the temporaries and a lazy graph shallow even for 256-entry tables
     best: Any = None
@@ -41,7 +43,7 @@ def quantize_lookup(x: Any, eff: Any, table: Any, plan: Plan, *, scrub_nan: bool
             best = xp.where(closer, k, best)
             best_d = xp.where(closer, dk, best_d)
     half = xp.asarray(1 << (plan.bits - 1), dtype=xp.int16, device=dev)
-    codes = xp.astype(xp.subtract(xp.bitwise_xor(best, half), half), xp.int8)
+    codes = xp.reshape(xp.astype(xp.subtract(xp.bitwise_xor(best, half), half), xp.int8), shape)
     return xp.where(zero, xp.asarray(0, dtype=xp.int8, device=dev), codes)
 
 

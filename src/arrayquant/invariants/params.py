@@ -19,6 +19,8 @@ CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or Non
 
 
 def _as_f32(value: Any, name: str, xp: Any, device: Any) -> Any:
+    if compat.is_array_api_obj(value) and value.dtype == xp.float32:
+        return xp.astype(value, xp.float32)  # the common case: nothing to widen or range-check
     with warnings.catch_warnings():
         # a float64 beyond the f32 range becomes inf in the cast: reported below as a typed error
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -9,6 +9,12 @@ python -m pip install --quiet --disable-pip-version-check -e ".[test]" || exit 1
 # covers it when that install succeeds and skips its cases otherwise.
 python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" \
   || echo "torch 2.13.0 not installable here: torch backend cases will skip"
+# the real compressed-tensors and transformers check the model formats arrayquant writes; they
+# depend on torch, so they are installed only once torch is (else pip would fetch a CUDA build)
+if python -c "import torch" 2>/dev/null; then
+  python -m pip install --quiet --disable-pip-version-check -e ".[hf]" \
+    || echo "compressed-tensors/transformers not installable here: their interop cases will skip"
+fi
 # jax (CPU) runs the suite through XLA, including the jax.jit conformance test
 python -m pip install --quiet --disable-pip-version-check "jax==0.10.2" \
   || echo "jax 0.10.2 not installable here: jax backend cases will skip"

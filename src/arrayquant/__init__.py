@@ -27,6 +27,7 @@ from .errors import (
     UnexpectedGlobalScaleError,
 )
 from .io import from_bytes, load, save, to_bytes
+from .io.ct_model import ModelSummary, quantize_model
 from .metrics import ErrorMeter, ErrorReport, error_report, sqnr
 from .quantize import compute_q_params, compute_range, quantize, round_up_scales
 from .scheme import (
@@ -62,6 +63,7 @@ __all__ = [
     "ErrorMeter",
     "ErrorReport",
     "MissingGlobalScaleError",
+    "ModelSummary",
     "NonFiniteInputError",
     "ParamsError",
     "QParams",
@@ -87,6 +89,7 @@ __all__ = [
     "load",
     "pack",
     "quantize",
+    "quantize_model",
     "quantized_nbytes",
     "round_up_scales",
     "save",

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 
 import array_api_compat as compat
@@ -218,6 +219,32 @@ _SCHEME_HELP = (
 )
 
 
+def _quantize(a: argparse.Namespace) -> int:
+    fmt = a.format or ("compressed-tensors" if Path(a.input).is_dir() else "arrayquant")
+    if fmt == "compressed-tensors":
+        if a.min_size or a.backend or a.device or a.nonfinite != "error":
+            msg = "--min-size, --backend, --device and --nonfinite apply to --format arrayquant only"
+            raise commands.CommandError(msg)
+        return commands.quantize_model_folder(
+            a.input, a.output, a.scheme, include=a.include, exclude=a.exclude, quiet=a.quiet
+        )
+    if Path(a.input).is_dir():
+        msg = f"IN {commands.shown(a.input)} is a model folder: write it with --format compressed-tensors"
+        raise commands.CommandError(msg)
+    return commands.quantize_checkpoint(
+        a.input,
+        a.output,
+        a.scheme,
+        include=a.include,
+        exclude=a.exclude,
+        min_size=a.min_size,
+        backend=a.backend,
+        device=a.device,
+        quiet=a.quiet,
+        nonfinite=a.nonfinite,
+    )
+
+
 def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q = _subparser(
         sub,
@@ -226,8 +253,18 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Quantize the floating tensors that match (by default the 2-D weights, not norms or biases) "
         "and copy the rest unchanged.",
     )
-    q.add_argument("input", metavar="IN", help="input .safetensors file (never changed)")
-    q.add_argument("output", metavar="OUT", help="output .safetensors file (written atomically; not IN)")
+    q.add_argument("input", metavar="IN", help="input .safetensors file or Hugging Face model folder (never changed)")
+    q.add_argument(
+        "output",
+        metavar="OUT",
+        help="output .safetensors file (written atomically; not IN), or a new folder for --format compressed-tensors",
+    )
+    q.add_argument(
+        "--format",
+        choices=commands.FORMATS,
+        help="arrayquant: one .safetensors file in arrayquant's layout; compressed-tensors: a model folder that "
+        "transformers and vLLM load (default: compressed-tensors when IN is a folder, else arrayquant)",
+    )
     q.add_argument("--scheme", required=True, help=_SCHEME_HELP)
     q.add_argument("--include", action="append", default=[], metavar="GLOB", help="quantize tensors named so (repeat)")
     q.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="never quantize these (repeat)")
@@ -242,20 +279,7 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "first), saturate (infinities saturate to the range ends; NaN gives code 0, or the NaN code of e4m3/e5m2)",
     )
     q.add_argument("--quiet", action="store_true", help="no progress bar")
-    q.set_defaults(
-        func=lambda a: commands.quantize_checkpoint(
-            a.input,
-            a.output,
-            a.scheme,
-            include=a.include,
-            exclude=a.exclude,
-            min_size=a.min_size,
-            backend=a.backend,
-            device=a.device,
-            quiet=a.quiet,
-            nonfinite=a.nonfinite,
-        )
-    )
+    q.set_defaults(func=_quantize)
     d = _subparser(sub, "dequantize", help="turn the quantized tensors of a checkpoint back into floats")
     d.add_argument("input", metavar="IN", help="quantized .safetensors file (never changed)")
     d.add_argument("output", metavar="OUT", help="output .safetensors file of floats (written atomically; not IN)")

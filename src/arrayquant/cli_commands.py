@@ -46,6 +46,7 @@ from .storage import fields_per_word
 from .tensor import QuantizedTensor
 
 __all__ = [
+    "FORMATS",
     "Checkpoint",
     "CommandError",
     "Entry",
@@ -57,6 +58,7 @@ __all__ = [
     "inspect_checkpoint",
     "quantization_error",
     "quantize_checkpoint",
+    "quantize_model_folder",
     "selected",
     "shown",
     "write_demo_checkpoint",
@@ -415,6 +417,42 @@ def _np_dtype(name: str) -> np.dtype[Any]:
     if name == "bfloat16":
         return np.dtype(_ml_dtype("bfloat16"))
     return np.dtype(name if name in ("float64", "float32", "float16") else "float32")
+
+
+FORMATS = ("arrayquant", "compressed-tensors")
+
+
+def quantize_model_folder(
+    src: str,
+    dst: str,
+    scheme_text: str,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    quiet: bool = False,
+) -> int:
+    """``arrayquant quantize IN OUT --format compressed-tensors``: a model folder transformers and vLLM load."""
+    from .io.ct_formats import weight_format
+    from .io.ct_model import quantize_model
+
+    scheme = check_scheme(scheme_text)
+    weight_format(scheme)  # a scheme with no compressed-tensors format fails before any work
+    _not_the_input(src, dst)
+    tqdm = _tqdm()
+    with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
+
+        def step(name: str) -> None:
+            bar.set_postfix_str(shown(name), refresh=False)
+            bar.update(1)
+
+        summary = quantize_model(src, dst, scheme, include=include, exclude=exclude, progress=step)
+    print(f"quantized {len(summary.quantized)} Linear weights with {scheme} as {summary.format}")
+    for module, why in sorted(summary.left_out.items()):
+        print(f"  left in float: {shown(module)} ({why})")
+    if summary.copied_files:
+        print(f"copied {len(summary.copied_files)} other files: {', '.join(map(shown, summary.copied_files))}")
+    print(f"wrote {shown(dst)} ({len(summary.shards)} weight file(s), config.json with its quantization_config)")
+    return 0
 
 
 def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None) -> int:

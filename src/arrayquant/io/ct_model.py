@@ -1,0 +1,233 @@
+"""Hugging Face model folders quantized into compressed-tensors, the layout transformers and vLLM load.
+
+A model folder holds ``config.json``, the weights (``model.safetensors``, or shards
+``model-0000k-of-0000n.safetensors`` listed in ``model.safetensors.index.json``) and files such
+as the tokenizer's. :func:`quantize_model` writes a new folder:
+
+- every file that is not a weight shard or the index is copied unchanged;
+- each shard is rewritten tensor by tensor into a shard of the same name, the ``Linear`` weights
+  quantized into compressed-tensors entries (``<module>.weight_packed``, ``.weight_scale``, ...),
+  every other tensor copied bit for bit; the index maps the new entry names;
+- ``config.json`` gains the ``quantization_config`` compressed-tensors writes.
+
+Which tensors are quantized follows llm-compressor's default: the weights of ``Linear`` layers.
+A safetensors file does not say which tensor belongs to which kind of layer, so the rule is read
+from names and shapes: 2-d floating ``*.weight`` tensors, except embeddings (``embed`` in the
+name), ``lm_head`` and normalisation layers (``norm``), and any whose shape the format cannot
+hold. Every 2-d weight left in float is listed in ``ignore`` (with ``lm_head``, which a model
+with tied embeddings has as a module without a tensor of its own), so the loader keeps it dense.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import QuantizationError, SchemeError, ShapeError
+from ..quantize import quantize
+from ..scheme import QuantScheme
+from .checkpoint import save_stream
+from .ct_config import quantization_config
+from .ct_formats import weight_format, write_weight
+from .reader import SafetensorsFile
+
+__all__ = ["ModelSummary", "quantize_model", "weight_files"]
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_FLOATS = ("F32", "F16", "BF16", "F64")
+_SKIP_NAMES = ("embed", "lm_head", "norm")
+
+
+@dataclass
+class ModelSummary:
+    """What :func:`quantize_model` did: quantized modules, and every 2-d weight left in float with why."""
+
+    format: str
+    quantized: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)  # module -> reason
+    copied_files: list[str] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+
+
+def weight_files(folder: Path) -> tuple[list[str], bool]:
+    """The weight shards of a model folder in order, and whether an index lists them.
+
+    Raises
+    ------
+    ShapeError
+        A folder with no ``model.safetensors`` and no index (the model must be in safetensors).
+    """
+    index = folder / INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            msg = f"{index} has no weight_map; it is not a safetensors index"
+            raise ShapeError(msg)
+        return list(dict.fromkeys(str(v) for v in weight_map.values())), True
+    if (folder / SINGLE).is_file():
+        return [SINGLE], False
+    msg = f"{folder} holds neither {SINGLE} nor {INDEX}; save the model with safetensors (save_pretrained does)"
+    raise ShapeError(msg)
+
+
+def _module(name: str) -> str:
+    return name[: -len(".weight")]
+
+
+def _candidate(name: str, dtype: str, shape: tuple[int, ...]) -> bool:
+    """A Linear weight by the naming rule: 2-d floating ``*.weight``, not an embedding, head or norm."""
+    lowered = name.lower()
+    return (
+        name.endswith(".weight")
+        and dtype in _FLOATS
+        and len(shape) == 2
+        and not any(word in lowered for word in _SKIP_NAMES)
+    )
+
+
+def _chosen(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
+    if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
+        return False
+    return not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+
+
+def quantize_model(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    scheme: QuantScheme | str,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    progress: Callable[[str], None] | None = None,
+) -> ModelSummary:
+    """Quantize the ``Linear`` weights of a Hugging Face model folder into a compressed-tensors folder.
+
+    Parameters
+    ----------
+    src : path
+        A model folder (``config.json`` with ``model.safetensors`` or an indexed set of shards), or
+        one ``.safetensors`` file (the folder written then holds its weights and a ``config.json``
+        with the ``quantization_config`` alone).
+    dst : path
+        The new folder; it must not exist yet, or be empty.
+    scheme : QuantScheme or str
+        A scheme with a compressed-tensors format (``"nvfp4"``, ``"mxfp8"``, ...).
+    include, exclude : sequence of str
+        Globs on tensor names narrowing the weights quantized (``"*.mlp.*"``).
+    progress : callable, optional
+        Called with each tensor's name as it is written.
+
+    Returns
+    -------
+    ModelSummary
+
+    Raises
+    ------
+    SchemeError
+        A scheme with no compressed-tensors format (the message lists those that map).
+    ShapeError
+        A source that is not a safetensors model folder, or a destination in use.
+
+    Examples
+    --------
+    See the guide, "Model folders for transformers and vLLM".
+    """
+    plan_scheme = QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme
+    if not isinstance(plan_scheme, QuantScheme):
+        msg = f"scheme must be a QuantScheme or its text, got {type(scheme).__name__}"
+        raise SchemeError(msg)
+    fmt, args = weight_format(plan_scheme)
+    source, target = Path(src), Path(dst)
+    single = source.is_file()  # one .safetensors file: a folder of its weights alone comes out
+    if not single and not source.is_dir():
+        msg = f"{source} is neither a model folder (config.json and model.safetensors) nor a .safetensors file"
+        raise ShapeError(msg)
+    shards, indexed = ([source.name], False) if single else weight_files(source)
+    folder = source.parent if single else source
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        msg = f"{target} exists and is not an empty folder; name a new folder for the quantized model"
+        raise ShapeError(msg)
+    target.mkdir(parents=True, exist_ok=True)
+    summary = ModelSummary(fmt)
+    skip = {*shards, INDEX, CONFIG}
+    for item in [] if single else sorted(source.iterdir()):
+        if item.name in skip:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, target / item.name)
+        else:
+            shutil.copy2(item, target / item.name)
+        summary.copied_files.append(item.name)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in shards:
+        sizes: dict[str, int] = {}
+        out = SINGLE if single else shard
+        with SafetensorsFile(folder / shard) as st:
+            # one tensor read, quantized and written at a time
+            save_stream(
+                target / out,
+                _recorded(_shard_items(st, plan_scheme, include, exclude, summary, progress), sizes),
+                metadata={"format": "pt"},  # transformers refuses safetensors files without it
+            )
+        weight_map.update(dict.fromkeys(sizes, out))
+        total += sum(sizes.values())
+        summary.shards.append(out)
+    if indexed:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    ignore = sorted({*summary.left_out, "lm_head"})
+    config_path = folder / CONFIG
+    config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() and not single else {}
+    config["quantization_config"] = quantization_config(fmt, args, ignore)
+    (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return summary
+
+
+def _recorded(pairs: Iterator[tuple[str, np.ndarray]], sizes: dict[str, int]) -> Iterator[tuple[str, np.ndarray]]:
+    for key, arr in pairs:
+        sizes[key] = arr.nbytes
+        yield key, arr
+
+
+def _shard_items(
+    st: SafetensorsFile,
+    scheme: QuantScheme,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    summary: ModelSummary,
+    progress: Callable[[str], None] | None,
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The entries of one output shard, in input order, one tensor read at a time."""
+    for name, entry in st.entries.items():
+        if progress is not None:
+            progress(name)
+        if not _candidate(name, entry.dtype, entry.shape):
+            if len(entry.shape) == 2 and name.endswith(".weight"):
+                summary.left_out[_module(name)] = "embedding, head or norm (left in float, as llm-compressor does)"
+            yield name, st.array(name)
+            continue
+        if not _chosen(name, include, exclude):
+            summary.left_out[_module(name)] = "not selected by --include/--exclude"
+            yield name, st.array(name)
+            continue
+        x = st.array(name)
+        try:
+            qt = quantize(x.astype(np.float32) if x.dtype != np.float32 else x, scheme)
+            entries = write_weight(qt, _module(name))
+        except (ShapeError, SchemeError, QuantizationError) as exc:
+            summary.left_out[_module(name)] = f"shape {list(entry.shape)} does not fit the format: {exc}"
+            yield name, x
+            continue
+        summary.quantized.append(_module(name))
+        yield from entries.items()

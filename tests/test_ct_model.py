@@ -1,0 +1,175 @@
+"""Model folders quantized into compressed-tensors, loaded by the real transformers."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayquant as aq
+from arrayquant.io.ct_model import quantize_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+ct = pytest.importorskip("compressed_tensors.quantization")
+
+
+def _tiny_llama(folder: Path, dtype: object, shards: bool) -> object:
+    """A 2-layer Llama with random weights, saved as save_pretrained does (no download)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+    model.save_pretrained(folder, max_shard_size="100KB" if shards else "1GB")
+    return model
+
+
+def _load_dense(folder: Path) -> object:
+    config = transformers.CompressedTensorsConfig(dequantize=True)  # decompress to dense weights
+    with warnings.catch_warnings():
+        # transformers says the folder's own quantization_config wins, which is what is wanted here
+        warnings.simplefilter("ignore", UserWarning)
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=config).eval()
+
+
+LINEARS = 14  # 7 projections in each of 2 layers
+
+
+# scheme, its compressed-tensors format, and whether transformers' dense weights equal
+# arrayquant's dequantized ones bit for bit (NVFP4: compressed-tensors divides by the global scale)
+FOLDER_CASES = [
+    ("nvfp4", "nvfp4-pack-quantized", False, True),
+    ("mxfp8", "mxfp8-quantized", True, False),
+    ("mxfp4", "mxfp4-pack-quantized", True, False),
+    ("e4m3:block32x32:bf16:native", "float-quantized", True, False),
+    ("q4s:block32:bf16", "pack-quantized", True, True),
+    ("q8s:block32:f32", "pack-quantized", True, False),
+]
+
+
+@pytest.mark.parametrize(("scheme", "fmt", "exact", "shards"), FOLDER_CASES)
+def test_folder_loads_in_transformers(tmp_path: Path, scheme: str, fmt: str, exact: bool, shards: bool) -> None:
+    src, dst = tmp_path / "llama", tmp_path / "llama-q"
+    _tiny_llama(src, torch.bfloat16, shards)
+    (src / "tokenizer.json").write_text('{"note": "copied as is"}')
+    summary = quantize_model(src, dst, scheme)
+    # loaded as transformers loads any folder (bf16 weights, f32 rotary buffers), as the other is
+    model = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    assert len(summary.quantized) == LINEARS
+    assert set(summary.left_out) == {"lm_head", "model.embed_tokens"}
+
+    # every non-weight file copied unchanged, shards as in the input with a valid index
+    assert (dst / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert (dst / "generation_config.json").read_bytes() == (src / "generation_config.json").read_bytes()
+    in_shards = sorted(p.name for p in src.glob("*.safetensors"))
+    assert sorted(p.name for p in dst.glob("*.safetensors")) == in_shards
+    assert (len(in_shards) > 1) == shards
+    if shards:
+        index = json.loads((dst / "model.safetensors.index.json").read_text())
+        from safetensors import safe_open
+
+        found = {}
+        for shard in in_shards:
+            with safe_open(str(dst / shard), "np") as f:
+                found.update(dict.fromkeys(f.keys(), shard))
+        assert index["weight_map"] == found
+        assert index["metadata"]["total_size"] > 0
+
+    config = json.loads((dst / "config.json").read_text())["quantization_config"]
+    parsed = ct.QuantizationConfig.model_validate(config)
+    assert parsed.format == fmt
+    assert parsed.ignore == ["lm_head", "model.embed_tokens"]  # exactly the 2-d weights left in float
+
+    loaded = _load_dense(dst)
+    assert loaded.dtype == torch.bfloat16
+    # the reference: the same model with arrayquant's dequantized weights put in by hand
+    state = model.state_dict()
+    differing = total = 0
+    for name in summary.quantized:
+        w = state[name + ".weight"].float().numpy()
+        ours = torch.from_numpy(np.asarray(aq.dequantize(aq.quantize(w, scheme)))).to(torch.bfloat16)
+        theirs = loaded.get_submodule(name).weight.detach()
+        changed = ours != theirs
+        differing += int(changed.sum())
+        total += ours.numel()
+        # compressed-tensors divides by the global scale where arrayquant multiplies by its
+        # reciprocal, and rounds to bf16 from there: at most one bf16 step apart, rarely
+        step = torch.abs(ours.float()) * 2.0**-7
+        assert bool(torch.all(torch.abs(ours.float() - theirs.float())[changed] <= step[changed]))
+        state[name + ".weight"] = ours
+    model.load_state_dict(state)
+    ids = torch.tensor([[1, 5, 9, 77, 3, 64]])
+    with torch.no_grad():
+        theirs_out, ours_out = loaded(ids).logits, model(ids).logits
+    if exact:
+        assert differing == 0
+        assert torch.equal(theirs_out, ours_out)
+    else:
+        assert differing / total < 0.01, (differing, total)
+        np.testing.assert_allclose(theirs_out.float(), ours_out.float(), atol=0.05)
+
+
+def test_destination_in_use_and_unmapped_scheme(tmp_path: Path) -> None:
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, False)
+    with pytest.raises(aq.ShapeError, match=r"exists and is not an empty folder"):
+        quantize_model(src, src, "nvfp4")
+    with pytest.raises(aq.SchemeError, match=r"has no compressed-tensors format; the schemes that map are: nvfp4"):
+        quantize_model(src, tmp_path / "out", "q8s:block16:ue4m3:tensor:f32")
+    with pytest.raises(aq.ShapeError, match=r"is neither a model folder .* nor a .safetensors file"):
+        quantize_model(tmp_path / "missing", tmp_path / "out2", "nvfp4")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(aq.ShapeError, match=r"holds neither model.safetensors nor"):
+        quantize_model(tmp_path / "empty", tmp_path / "out2", "nvfp4")
+
+
+def test_cli_writes_a_folder_from_a_folder_or_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from arrayquant.cli import main
+
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, False)
+    assert main(["quantize", str(src), str(tmp_path / "q"), "--scheme", "mxfp8", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "quantized 14 Linear weights with mxfp8 as mxfp8-quantized" in out
+    assert "left in float: lm_head" in out
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "mxfp8-quantized"
+    assert config["model_type"] == "llama"  # the model's own config carried over
+
+    file_in = src / "model.safetensors"
+    argv = ["quantize", str(file_in), str(tmp_path / "f"), "--scheme", "q4s:block32:f32", "--format"]
+    assert main([*argv, "compressed-tensors", "--quiet"]) == 0
+    assert sorted(p.name for p in (tmp_path / "f").iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((tmp_path / "f" / "config.json").read_text())
+    assert list(config) == ["quantization_config"]
+    assert ct.QuantizationConfig.model_validate(config["quantization_config"]).format == "pack-quantized"
+
+
+def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from arrayquant.cli import main
+
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, False)
+    assert main(["quantize", str(src), str(tmp_path / "a"), "--scheme", "q8s:block16:ue4m3:tensor:f32"]) == 1
+    err = capsys.readouterr().err
+    assert "has no compressed-tensors format; the schemes that map are: nvfp4" in err
+    assert "(--format arrayquant)" in err
+    assert not (tmp_path / "a").exists()
+    assert main(["quantize", str(src), str(tmp_path / "b"), "--scheme", "q8s", "--format", "arrayquant"]) == 1
+    assert "is a model folder: write it with --format compressed-tensors" in capsys.readouterr().err
+    argv = ["quantize", str(src), str(tmp_path / "c"), "--scheme", "mxfp8", "--min-size", "5"]
+    assert main(argv) == 1
+    assert (
+        "--min-size, --backend, --device and --nonfinite apply to --format arrayquant only" in capsys.readouterr().err
+    )

@@ -173,3 +173,52 @@ def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert (
         "--min-size, --backend, --device and --nonfinite apply to --format arrayquant only" in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(("scheme", "fmt", "exact", "shards"), FOLDER_CASES)
+def test_load_reads_the_folder_back(tmp_path: Path, scheme: str, fmt: str, exact: bool, shards: bool) -> None:
+    src, dst = tmp_path / "llama", tmp_path / "llama-q"
+    _tiny_llama(src, torch.float32, shards)
+    summary = quantize_model(src, dst, scheme)
+    original = aq.load(src, backend="numpy") if not shards else None
+    from safetensors.numpy import load_file
+
+    floats: dict[str, np.ndarray] = {}
+    for shard in src.glob("*.safetensors"):
+        floats.update(load_file(str(shard)))
+    if original is not None:  # a plain folder loads as its arrays
+        assert sorted(original) == sorted(floats)
+    back = aq.load(dst, backend="numpy")
+    assert sorted(back) == sorted(floats)  # quantized weights under their own names again
+    for name, x in floats.items():
+        module = name.removesuffix(".weight")
+        if module in summary.quantized:
+            qt = back[name]
+            assert isinstance(qt, aq.QuantizedTensor)
+            want = aq.dequantize(aq.quantize(x, scheme), "float32")
+            got = aq.dequantize(qt, "float32")
+            if scheme == "nvfp4":  # the global scale crosses as its f32 reciprocal (see io/compressed_tensors.py)
+                np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
+            else:
+                np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_array_equal(back[name], x)
+    # one shard file alone, with the config beside it, reads the same
+    one = sorted(dst.glob("*.safetensors"))[0]
+    part = aq.load(one, backend="numpy")
+    assert set(part) <= set(back)
+
+
+def test_load_refuses_a_folder_it_cannot_read(tmp_path: Path) -> None:
+    src, dst = tmp_path / "llama", tmp_path / "llama-q"
+    _tiny_llama(src, torch.float32, False)
+    quantize_model(src, dst, "mxfp8")
+    (dst / "config.json").write_text("{}")
+    with pytest.raises(aq.CorruptDataError, match=r"holds quantized weights .* but no config.json with a quantization"):
+        aq.load(dst)
+    (dst / "config.json").write_text("{not json")
+    with pytest.raises(aq.CorruptDataError, match=r"config.json is not JSON"):
+        aq.load(dst)
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(aq.ShapeError, match=r"holds neither model.safetensors nor"):
+        aq.load(tmp_path / "bare")

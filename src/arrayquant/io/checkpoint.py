@@ -52,6 +52,7 @@ from .reader import (
     FORMAT_VERSION,
     VALUES_SUFFIX,
     Checkpoint,
+    SafetensorsFile,
     _ml_dtype,
     read_header,
 )
@@ -494,11 +495,31 @@ def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None
     _publish(Path(path), head, lambda _, tmp: _write(tmp, len(head), everything, offsets))
 
 
+def _compressed_tensors(path: Path) -> bool:
+    """A compressed-tensors model: a folder, or a file describing no arrayquant tensor whose
+    folder's config.json has a compressed-tensors quantization_config."""
+    if path.is_dir():
+        return True
+    config = path.parent / "config.json"
+    if not config.is_file():
+        return False
+    with SafetensorsFile(path) as st:
+        if any(k.startswith(_TENSOR_KEY) for k in st.metadata):  # arrayquant's own quantized tensors
+            return False
+    try:
+        qc = json.loads(config.read_text()).get("quantization_config")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return False
+    return isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors"
+
+
 def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save`, validating every tensor before building it.
 
     Files of format 1 (values under the tensor's own name) are read too. Tensors come in file
-    order, read one at a time (no memory map).
+    order, read one at a time (no memory map). A compressed-tensors model folder (or one of its
+    files, with the ``config.json`` beside it) is read too: each quantized weight comes back as a
+    :class:`~arrayquant.QuantizedTensor` under its module's ``.weight`` name.
 
     Parameters
     ----------
@@ -527,6 +548,10 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None, device: An
     >>> str(aq.load(path, backend="numpy")["w"].scheme)
     'nf4'
     """
+    if _compressed_tensors(Path(path)):
+        from .ct_model import load_model
+
+        return load_model(path, backend=backend, device=device)
     name_ = backend or default().name
     same = name_.strip().lower() == "numpy" and device is None  # host arrays as read: nothing to convert
     move = (lambda a: a) if same else (lambda a: shim.convert(a, name_, device))

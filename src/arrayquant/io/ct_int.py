@@ -61,7 +61,7 @@ import numpy as np
 from ..backends import default, shim
 from ..errors import CorruptDataError, DTypeError, ParamsError, SchemeError, ShapeError
 from ..scheme import BlockSize, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
-from ..storage import pack
+from ..storage import pack, unpack
 from ..tensor import QuantizedTensor
 
 __all__ = ["FORMATS", "read", "weight_args", "write"]
@@ -162,26 +162,54 @@ def weight_args(scheme: QuantScheme, *, shape: tuple[int, ...] | None = None) ->
     return PACK, args
 
 
+_SLAB = 1 << 18  # elements per step of the (un)packing below: temporaries of a few MiB
+
+
 def _pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     """int8 codes (rows, cols) as compressed-tensors' int32 words: offset, then a little-endian bit stream per row."""
     per = 32 // bits
     rows, cols = codes.shape
     words = -(-cols // per)
-    u = np.zeros((rows, words * per), np.uint32)
-    u[:, :cols] = (codes.astype(np.int32) + (1 << (bits - 1))).astype(np.uint32)
+    out = np.empty((rows, words), np.uint32)
     shifts = (np.arange(per, dtype=np.uint32) * np.uint32(bits)).astype(np.uint32)
-    fields = u.reshape(rows, words, per) << shifts
-    return np.bitwise_or.reduce(fields, axis=-1).astype(np.uint32).view(np.int32)
+    step = max(1, _SLAB // max(words * per, 1))
+    for r0 in range(0, rows, step):  # a slab of rows at a time, so no full-size uint32 temporaries
+        block = codes[r0 : r0 + step]
+        u = np.zeros((block.shape[0], words * per), np.uint32)
+        u[:, :cols] = (block.astype(np.int32) + (1 << (bits - 1))).astype(np.uint32)
+        out[r0 : r0 + step] = np.bitwise_or.reduce(u.reshape(-1, words, per) << shifts, axis=-1)
+    return out.view(np.int32)
+
+
+def _packed_words(qt: QuantizedTensor, shape: tuple[int, int], bits: int) -> np.ndarray:
+    """compressed-tensors' words of ``qt``'s codes, unpacked and repacked a slab of rows at a time."""
+    rows, cols = shape
+    store = qt.scheme.store
+    if store.is_packed and store.dim != 0:  # packed down the columns: slabs of rows would split words
+        return _pack_rows(np.asarray(shim.to_host(qt.codes())).astype(np.int8).reshape(shape), bits)
+    values = np.asarray(shim.to_host(qt.values))
+    out = np.empty((rows, -(-cols // (32 // bits))), np.int32)
+    step = max(1, _SLAB // cols)
+    for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        codes = unpack(values[r0:r1], qt.scheme, (r1 - r0, cols))
+        out[r0:r1] = _pack_rows(np.asarray(codes, np.int8), bits)
+    return out
 
 
 def _unpack_rows(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
     """The inverse of :func:`_pack_rows`: int8 codes (rows, cols); bits past ``cols`` are ignored."""
     per = 32 // bits
     words = packed.view(np.uint32)
+    rows = packed.shape[0]
+    out = np.empty((rows, cols), np.int8)
     shifts = (np.arange(per, dtype=np.uint32) * np.uint32(bits)).astype(np.uint32)
-    fields = (words[..., None] >> shifts) & np.uint32((1 << bits) - 1)
-    flat = fields.reshape(packed.shape[0], -1)[:, :cols].astype(np.int32) - (1 << (bits - 1))
-    return flat.astype(np.int8)
+    step = max(1, _SLAB // max(words.shape[-1] * per, 1))
+    for r0 in range(0, rows, step):
+        fields = (words[r0 : r0 + step, :, None] >> shifts) & np.uint32((1 << bits) - 1)
+        flat = fields.reshape(fields.shape[0], -1)[:, :cols].astype(np.int32) - (1 << (bits - 1))
+        out[r0 : r0 + step] = flat
+    return out
 
 
 def write(qt: QuantizedTensor, name: str) -> dict[str, np.ndarray]:
@@ -239,7 +267,7 @@ def write(qt: QuantizedTensor, name: str) -> dict[str, np.ndarray]:
             f"size {group} (it refuses ragged groups); pad the input or pick a group that divides {cols}"
         )
         raise ShapeError(msg)
-    codes = np.asarray(shim.to_host(qt.codes())).astype(np.int8).reshape(shape)
+    packed = _packed_words(qt, shape, args["num_bits"])
     scales = np.asarray(shim.to_host(qt.scales), np.float32)
     scales = scales.reshape((1,) if args["strategy"] == "tensor" else (rows, -1))
     sdt = qt.scheme.scale_dtype
@@ -248,7 +276,7 @@ def write(qt: QuantizedTensor, name: str) -> dict[str, np.ndarray]:
         msg = f"qt.scales are not all {sdt.name} values; build the tensor with aq.quantize"
         raise ParamsError(msg)
     return {
-        _key(name, PACKED): _pack_rows(codes, args["num_bits"]),
+        _key(name, PACKED): packed,
         _key(name, SCALE): scale_np,
         _key(name, SHAPE): np.array(shape, np.int64),
     }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,15 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import QuantizationError, SchemeError, ShapeError
+from ..errors import CorruptDataError, QuantizationError, SchemeError, ShapeError
 from ..quantize import quantize
 from ..scheme import QuantScheme
 from .checkpoint import save_stream
-from .ct_config import quantization_config
-from .ct_formats import weight_format, write_weight
+from .ct_config import quantization_config, weight_groups
+from .ct_formats import read_weight, weight_format, write_weight
 from .reader import SafetensorsFile
 
-__all__ = ["ModelSummary", "quantize_model", "weight_files"]
+__all__ = ["ModelSummary", "load_model", "quantization_config_of", "quantize_model", "weight_files"]
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -224,10 +225,113 @@ def _shard_items(
         x = st.array(name)
         try:
             qt = quantize(x.astype(np.float32) if x.dtype != np.float32 else x, scheme)
+            del x  # before the codec's temporaries: one float tensor in memory at a time
             entries = write_weight(qt, _module(name))
         except (ShapeError, SchemeError, QuantizationError) as exc:
             summary.left_out[_module(name)] = f"shape {list(entry.shape)} does not fit the format: {exc}"
-            yield name, x
+            yield name, st.array(name)  # read again: the first copy is gone
             continue
         summary.quantized.append(_module(name))
+        del qt
         yield from entries.items()
+
+
+# the entries compressed-tensors writes for a quantized weight, beside the module's other parameters
+_PARTS = ("weight_packed", "weight_scale", "weight_global_scale", "weight_shape", "weight_zero_point", "weight")
+
+
+def quantization_config_of(folder: Path) -> dict[str, Any] | None:
+    """The ``quantization_config`` of the ``config.json`` in ``folder``; None for a model without one."""
+    path = folder / CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (UnicodeDecodeError, ValueError) as exc:
+        msg = f"{path} is not JSON: {exc}"
+        raise CorruptDataError(msg) from None
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    if qc is not None and not isinstance(qc, dict):
+        msg = f"{path} has a quantization_config that is not an object"
+        raise CorruptDataError(msg)
+    return qc
+
+
+def _group_for(module: str, groups: list[tuple[str, list[str], dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
+    """The (format, weight arguments) of the config group that ``module`` belongs to."""
+    if len(groups) == 1:
+        return groups[0][0], groups[0][2]
+    by_pattern = [g for g in groups if any(t.startswith("re:") and re.match(t[3:], module) for t in g[1])]
+    if len(by_pattern) == 1:
+        return by_pattern[0][0], by_pattern[0][2]
+    by_class = [g for g in groups if not any(t.startswith("re:") for t in g[1])]
+    if not by_pattern and len(by_class) == 1:
+        return by_class[0][0], by_class[0][2]
+    msg = (
+        f"module {module!r} matches {len(by_pattern)} of the {len(groups)} config groups by name; arrayquant "
+        "cannot tell which one describes its weight without the model's classes"
+    )
+    raise CorruptDataError(msg)
+
+
+def load_model(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
+    """Every tensor of a model folder: compressed-tensors weights as :class:`QuantizedTensor`.
+
+    ``path`` is the folder, or one of its ``.safetensors`` files (the ``config.json`` beside it
+    describes the weights). A folder whose config has no ``quantization_config`` loads as its
+    arrays. A quantized weight comes back under its module's ``.weight`` name, with
+    the arrayquant scheme that stores the same bits; every other tensor is an array as stored.
+    Activation arguments in the config say how an engine quantizes activations at run time: they
+    do not change the weights, and are not read.
+
+    Raises
+    ------
+    CorruptDataError
+        Quantized entries without a ``quantization_config``, a group the weights cannot be
+        matched to, or entries that disagree with the format.
+    ShapeError
+        A folder with neither ``model.safetensors`` nor an index.
+    SchemeError
+        A format arrayquant does not read (the message lists those it does).
+    """
+    from ..backends import default, shim
+
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    qc = quantization_config_of(folder)
+    groups = [] if qc is None else weight_groups(qc)
+    files = weight_files(folder)[0] if path.is_dir() else [path.name]
+    target = backend or default().name
+    same = target.strip().lower() == "numpy" and device is None
+    move = (lambda a: a) if same else (lambda a: shim.convert(a, target, device))
+    opened = [SafetensorsFile(folder / f) for f in files]
+    try:
+        where: dict[str, SafetensorsFile] = {}
+        for st in opened:
+            where.update(dict.fromkeys(st.entries, st))
+        parts: dict[str, list[str]] = {}  # module -> its weight entries
+        for name in where:
+            module, _, part = name.rpartition(".")
+            if part in _PARTS:
+                parts.setdefault(module, []).append(name)
+        quantized = {m for m, names in parts.items() if f"{m}.weight_scale" in names}
+        if quantized and not groups:
+            msg = (
+                f"{folder} holds quantized weights (e.g. {min(quantized)!r}.weight_scale) but no "
+                f"{CONFIG} with a quantization_config to say how they decode"
+            )
+            raise CorruptDataError(msg)
+        out: dict[str, Any] = {}
+        for name, st in where.items():
+            module, _, part = name.rpartition(".")
+            if module in quantized and part in _PARTS:
+                if part == "weight_scale":  # once per module, in file order
+                    entries = {k: where[k].array(k) for k in parts[module]}
+                    fmt, args = _group_for(module, groups)
+                    out[f"{module}.weight"] = read_weight(entries, module, fmt, args, backend=target, device=device)
+                continue
+            out[name] = move(st.array(name))
+        return out
+    finally:
+        for st in opened:
+            st.close()

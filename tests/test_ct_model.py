@@ -222,3 +222,50 @@ def test_load_refuses_a_folder_it_cannot_read(tmp_path: Path) -> None:
     (tmp_path / "bare").mkdir()
     with pytest.raises(aq.ShapeError, match=r"holds neither model.safetensors nor"):
         aq.load(tmp_path / "bare")
+
+
+@pytest.mark.parametrize(("scheme", "fmt", "exact", "shards"), FOLDER_CASES)
+def test_dequantized_folder_loads_as_a_plain_model(
+    tmp_path: Path, scheme: str, fmt: str, exact: bool, shards: bool
+) -> None:
+    from arrayquant.io.ct_model import dequantize_model
+
+    src, q, back = tmp_path / "llama", tmp_path / "llama-q", tmp_path / "llama-back"
+    _tiny_llama(src, torch.bfloat16, shards)
+    summary = quantize_model(src, q, scheme)
+    done = dequantize_model(q, back)
+    assert sorted(done) == sorted(summary.quantized)
+    assert "quantization_config" not in json.loads((back / "config.json").read_text())
+    assert sorted(p.name for p in back.iterdir()) == sorted(p.name for p in src.iterdir())
+    plain = transformers.AutoModelForCausalLM.from_pretrained(back).eval()  # no quantizer involved
+    assert plain.dtype == torch.bfloat16  # the model's own dtype, from its config
+    original = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    state = original.state_dict()
+    for module in summary.quantized:
+        w = state[module + ".weight"].float().numpy()
+        want = torch.from_numpy(np.asarray(aq.dequantize(aq.quantize(w, scheme)))).to(torch.bfloat16)
+        got = plain.get_submodule(module).weight.detach()
+        if scheme == "nvfp4":  # the global scale crossed as its f32 reciprocal: f32 results 1 ulp apart at most
+            assert bool(torch.all(torch.abs(got.float() - want.float()) <= torch.abs(want.float()) * 2.0**-7))
+        else:
+            assert torch.equal(got, want)
+    for name, value in original.state_dict().items():
+        if name.removesuffix(".weight") not in summary.quantized:
+            assert torch.equal(plain.state_dict()[name], value), name
+
+
+def test_cli_dequantizes_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from arrayquant.cli import main
+
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, False)
+    assert main(["quantize", str(src), str(tmp_path / "q"), "--scheme", "mxfp4", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["dequantize", str(tmp_path / "q"), str(tmp_path / "d"), "--dtype", "float16"]) == 0
+    assert "dequantized 14 weights" in capsys.readouterr().out
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "d")
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32  # config still says float32
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.layers.0.mlp.up_proj.weight").dtype == torch.float16

@@ -281,12 +281,24 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=_quantize)
     d = _subparser(sub, "dequantize", help="turn the quantized tensors of a checkpoint back into floats")
-    d.add_argument("input", metavar="IN", help="quantized .safetensors file (never changed)")
-    d.add_argument("output", metavar="OUT", help="output .safetensors file of floats (written atomically; not IN)")
+    d.add_argument(
+        "input", metavar="IN", help="quantized .safetensors file, or compressed-tensors model folder (never changed)"
+    )
+    d.add_argument(
+        "output",
+        metavar="OUT",
+        help="output .safetensors file of floats (written atomically; not IN), or a new folder for a folder IN",
+    )
     d.add_argument(
         "--dtype", choices=["float32", "float16", "bfloat16"], help="float dtype (default: each tensor's original)"
     )
-    d.set_defaults(func=lambda a: commands.dequantize_checkpoint(a.input, a.output, a.dtype))
+    d.set_defaults(
+        func=lambda a: (
+            commands.dequantize_model_folder(a.input, a.output, a.dtype)
+            if Path(a.input).is_dir()
+            else commands.dequantize_checkpoint(a.input, a.output, a.dtype)
+        )
+    )
     i = _subparser(sub, "inspect", help="list the tensors of a checkpoint: shape, scheme or dtype, bytes, scales")
     i.add_argument("file", metavar="FILE", help=".safetensors file, quantized or not")
     i.set_defaults(func=lambda a: commands.inspect_checkpoint(a.file))

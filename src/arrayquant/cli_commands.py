@@ -55,6 +55,7 @@ __all__ = [
     "check_scheme",
     "compare_checkpoints",
     "dequantize_checkpoint",
+    "dequantize_model_folder",
     "inspect_checkpoint",
     "quantization_error",
     "quantize_checkpoint",
@@ -452,6 +453,18 @@ def quantize_model_folder(
     if summary.copied_files:
         print(f"copied {len(summary.copied_files)} other files: {', '.join(map(shown, summary.copied_files))}")
     print(f"wrote {shown(dst)} ({len(summary.shards)} weight file(s), config.json with its quantization_config)")
+    return 0
+
+
+def dequantize_model_folder(src: str, dst: str, dtype: str | None = None) -> int:
+    """``arrayquant dequantize FOLDER OUT``: a compressed-tensors model folder back to a plain float folder."""
+    from .io.ct_model import dequantize_model
+
+    _not_the_input(src, dst)
+    done = dequantize_model(src, dst, dtype)
+    if not done:
+        print(f"warning: {shown(src)} holds no quantized weight; the folder was copied as it is", file=sys.stderr)
+    print(f"dequantized {len(done)} weights; wrote {shown(dst)}, a model folder without quantization_config")
     return 0
 
 

@@ -21,6 +21,7 @@ with tied embeddings has as a module without a tensor of its own), so the loader
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import os
 import re
@@ -35,12 +36,21 @@ import numpy as np
 from ..errors import CorruptDataError, QuantizationError, SchemeError, ShapeError
 from ..quantize import quantize
 from ..scheme import QuantScheme
+from ..tensor import QuantizedTensor
 from .checkpoint import save_stream
 from .ct_config import quantization_config, weight_groups
 from .ct_formats import read_weight, weight_format, write_weight
 from .reader import SafetensorsFile
 
-__all__ = ["ModelSummary", "load_model", "quantization_config_of", "quantize_model", "weight_files"]
+__all__ = [
+    "ModelSummary",
+    "dequantize_model",
+    "iter_model",
+    "load_model",
+    "quantization_config_of",
+    "quantize_model",
+    "weight_files",
+]
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -296,20 +306,35 @@ def load_model(path: str | os.PathLike[str], *, backend: str | None = None, devi
     """
     from ..backends import default, shim
 
+    target = backend or default().name
+    same = target.strip().lower() == "numpy" and device is None
+    move = (lambda a: a) if same else (lambda a: shim.convert(a, target, device))
+    out: dict[str, Any] = {}
+    for _, name, item in iter_model(path, backend=target, device=device):
+        out[name] = item if isinstance(item, QuantizedTensor) else move(item)
+    return out
+
+
+def iter_model(
+    path: str | os.PathLike[str], *, backend: str = "numpy", device: Any = None
+) -> Iterator[tuple[str, str, Any]]:
+    """``(shard, name, tensor)`` for every tensor of a model folder, read one at a time in file order.
+
+    ``tensor`` is a NumPy array as stored, or for a compressed-tensors weight a
+    :class:`QuantizedTensor` (on ``backend``) named ``<module>.weight`` and placed in the shard of
+    its ``weight_scale`` entry. Raises as :func:`load_model`.
+    """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     qc = quantization_config_of(folder)
     groups = [] if qc is None else weight_groups(qc)
     files = weight_files(folder)[0] if path.is_dir() else [path.name]
-    target = backend or default().name
-    same = target.strip().lower() == "numpy" and device is None
-    move = (lambda a: a) if same else (lambda a: shim.convert(a, target, device))
     opened = [SafetensorsFile(folder / f) for f in files]
     try:
         where: dict[str, SafetensorsFile] = {}
         for st in opened:
             where.update(dict.fromkeys(st.entries, st))
-        parts: dict[str, list[str]] = {}  # module -> its weight entries
+        parts: dict[str, list[str]] = {}  # module -> its weight entries (a module may span shards)
         for name in where:
             module, _, part = name.rpartition(".")
             if part in _PARTS:
@@ -321,17 +346,91 @@ def load_model(path: str | os.PathLike[str], *, backend: str | None = None, devi
                 f"{CONFIG} with a quantization_config to say how they decode"
             )
             raise CorruptDataError(msg)
-        out: dict[str, Any] = {}
-        for name, st in where.items():
-            module, _, part = name.rpartition(".")
-            if module in quantized and part in _PARTS:
-                if part == "weight_scale":  # once per module, in file order
-                    entries = {k: where[k].array(k) for k in parts[module]}
-                    fmt, args = _group_for(module, groups)
-                    out[f"{module}.weight"] = read_weight(entries, module, fmt, args, backend=target, device=device)
-                continue
-            out[name] = move(st.array(name))
-        return out
+        for st in opened:
+            for name in st.entries:
+                module, _, part = name.rpartition(".")
+                if module in quantized and part in _PARTS:
+                    if part == "weight_scale":  # once per module
+                        entries = {k: where[k].array(k) for k in parts[module]}
+                        fmt, args = _group_for(module, groups)
+                        qt = read_weight(entries, module, fmt, args, backend=backend, device=device)
+                        yield st.path.name, f"{module}.weight", qt
+                    continue
+                yield st.path.name, name, st.array(name)
     finally:
         for st in opened:
             st.close()
+
+
+def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None) -> list[str]:
+    """Write a compressed-tensors model folder back as a plain float folder; the dequantized modules.
+
+    Every file but the weights is copied, ``config.json`` without its ``quantization_config``;
+    each shard is rewritten tensor by tensor with the quantized weights dequantized to ``dtype``
+    (default: the model's ``torch_dtype``/``dtype`` from its config, else float32) under their
+    ``.weight`` names, and the index maps them.
+
+    Raises
+    ------
+    ShapeError
+        A destination in use, or a source that is not a model folder.
+    CorruptDataError, SchemeError
+        As :func:`load_model`.
+    """
+    from ..dequantize import dequantize
+
+    source, target = Path(src), Path(dst)
+    if not source.is_dir():
+        msg = f"{source} is not a model folder"
+        raise ShapeError(msg)
+    shards, indexed = weight_files(source)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        msg = f"{target} exists and is not an empty folder; name a new folder for the dequantized model"
+        raise ShapeError(msg)
+    config_path = source / CONFIG
+    config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    name = dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    out_dtype = _float_dtype(name)
+    target.mkdir(parents=True, exist_ok=True)
+    for item in sorted(source.iterdir()):
+        if item.name in {*shards, INDEX, CONFIG}:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, target / item.name)
+        else:
+            shutil.copy2(item, target / item.name)
+    done: list[str] = []
+    weight_map: dict[str, str] = {}
+    sizes = 0
+
+    def items(group: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, np.ndarray]]:
+        nonlocal sizes
+        for shard, key, tensor in group:
+            if isinstance(tensor, QuantizedTensor):
+                tensor = np.asarray(dequantize(tensor, "float32")).astype(out_dtype)
+                done.append(key.removesuffix(".weight"))
+            weight_map[key] = shard
+            sizes += tensor.nbytes
+            yield key, tensor
+
+    # one pass over the model, tensor by tensor; each shard is written as its tensors come
+    for shard, group in itertools.groupby(iter_model(source), key=lambda t: t[0]):
+        save_stream(target / shard, items(group), metadata={"format": "pt"})
+    if indexed:
+        index = {"metadata": {"total_size": sizes}, "weight_map": dict(sorted(weight_map.items()))}
+        (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    config.pop("quantization_config", None)
+    if config or config_path.is_file():
+        (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return done
+
+
+def _float_dtype(name: str) -> np.dtype[Any]:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name not in ("float32", "float16", "float64"):
+        msg = f"dtype {name!r} is not one of float32, float16, bfloat16, float64"
+        raise ShapeError(msg)
+    return np.dtype(name)

@@ -269,3 +269,20 @@ def test_cli_dequantizes_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
         assert f.get_tensor("model.layers.0.mlp.up_proj.weight").dtype == torch.float16
+
+
+def test_cli_inspects_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from arrayquant.cli import main
+
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, True)
+    assert main(["quantize", str(src), str(tmp_path / "q"), "--scheme", "nvfp4", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "q")]) == 0
+    out = capsys.readouterr().out
+    line = next(row for row in out.splitlines() if row.startswith("model.layers.0.mlp.down_proj.weight "))
+    assert line.split()[1:4] == ["64x128", "nvfp4", f"{aq.quantized_nbytes('nvfp4', (64, 128)):,}"]
+    assert "model.embed_tokens.weight" in out  # float tensors listed with their dtype
+    assert "21 tensors, 14 quantized" in out  # 14 projections, embedding, head, 2x2 layer norms, final norm
+    assert main(["inspect", str(src)]) == 0  # a plain folder lists as its arrays
+    assert "21 tensors, 0 quantized" in capsys.readouterr().out

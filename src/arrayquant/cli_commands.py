@@ -506,6 +506,8 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 def inspect_checkpoint(path: str) -> int:
     """``arrayquant inspect``: a row per tensor (in natural name order) with its shape, scheme or
     dtype, bytes and scale range."""
+    if Path(path).is_dir():
+        return _inspect_folder(path)
     rows = []
     total = quantized = 0
     with Checkpoint(path) as ck:
@@ -527,6 +529,37 @@ def inspect_checkpoint(path: str) -> int:
             total += nbytes
     print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], rows, {3})))
     print(f"\n{len(rows)} tensors, {quantized} quantized, {total / _MiB:.2f} MiB of tensor data")
+    return 0
+
+
+def _scale_span(qt: QuantizedTensor) -> str:
+    scales = np.asarray(shim.to_host(qt.scales))
+    span = f"{float(scales.min()):.3e}..{float(scales.max()):.3e}"
+    if qt.global_scale is not None:
+        span += f" x {float(np.asarray(shim.to_host(qt.global_scale))[0]):.3e}"
+    return span
+
+
+def _inspect_folder(path: str) -> int:
+    """``arrayquant inspect FOLDER``: the tensors of a model folder, compressed-tensors weights by scheme."""
+    from .io.ct_model import iter_model
+
+    rows: dict[str, list[str]] = {}
+    total = quantized = 0
+    for _, name, tensor in iter_model(path):
+        if isinstance(tensor, QuantizedTensor):
+            nbytes = tensor.nbytes
+            rows[name] = [shown(name), "x".join(map(str, tensor.shape)), str(tensor.scheme), f"{nbytes:,}"]
+            rows[name].append(_scale_span(tensor))
+            quantized += 1
+        else:
+            nbytes = tensor.nbytes
+            shape = "x".join(map(str, tensor.shape)) or "()"
+            rows[name] = [shown(name), shape, str(tensor.dtype), f"{nbytes:,}", "-"]
+        total += nbytes
+    table = [rows[n] for n in _order(rows)]
+    print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], table, {3})))
+    print(f"\n{len(table)} tensors, {quantized} quantized, {total / _MiB:.2f} MiB of tensor data")
     return 0
 
 

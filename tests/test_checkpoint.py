@@ -107,7 +107,7 @@ def assert_same_tensor(
     np.testing.assert_array_equal(shim.to_host(got.values), shim.to_host(want.values))
     got_s, want_s = host_bits(got.scales), host_bits(want.scales)
     if got.scheme.scale_dtype is aq.ScaleDtype.UE8M0:
-        # SEMANTICS §6: backends that flush subnormals hold UE8M0's smallest value 2^-127 as 0;
+        # docs/spec.md, backends: those that flush subnormals hold UE8M0's smallest value 2^-127 as 0;
         # both are the stored code 0x00 (to_bytes above is identical)
         got_s, want_s = (np.where(b == SMALLEST_UE8M0_BITS, 0, b) for b in (got_s, want_s))
     np.testing.assert_array_equal(got_s, want_s)
@@ -830,7 +830,7 @@ def test_metadata_is_data_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 # ---------------------------------------------------------------------------------------------
-# the Burn byte layout (SEMANTICS.md §4)
+# the Burn byte layout (docs/spec.md, "Burn's byte layout")
 # ---------------------------------------------------------------------------------------------
 
 EXAMPLE = bytes.fromhex("00 19 33 4C 66 7F 80 FF 30 20 00 00 40 40")

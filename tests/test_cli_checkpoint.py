@@ -19,14 +19,6 @@ from arrayquant.io.checkpoint import save_stream
 SCHEME = "q4s:block32:f16"
 
 
-@pytest.fixture
-def model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = tmp_path / "model.safetensors"
-    assert main(["demo", "--write-checkpoint", str(path)]) == 0
-    capsys.readouterr()
-    return path
-
-
 def _quantized_names(path: Path) -> set[str]:
     return {k for k, v in aq.load(path, backend="numpy").items() if isinstance(v, aq.QuantizedTensor)}
 

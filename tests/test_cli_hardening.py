@@ -25,14 +25,6 @@ SCHEME = "q4s:block32:f16"
 
 
 @pytest.fixture
-def model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = tmp_path / "model.safetensors"
-    assert main(["demo", "--write-checkpoint", str(path)]) == 0
-    capsys.readouterr()
-    return path
-
-
-@pytest.fixture
 def quantized(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     path = tmp_path / "q.safetensors"
     assert main(["quantize", str(model), str(path), "--scheme", SCHEME, "--quiet"]) == 0

@@ -91,6 +91,33 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
     raise ShapeError(msg)
 
 
+def _new_folder(target: Path, what: str) -> None:
+    """Create ``target``, which must not exist or be an empty folder (a model is never written over)."""
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        msg = f"{target} exists and is not an empty folder; name a new folder for the {what} model"
+        raise ShapeError(msg)
+    target.mkdir(parents=True, exist_ok=True)
+
+
+def _copy_other_files(source: Path, target: Path, shards: Sequence[str]) -> list[str]:
+    """Copy every file and folder of ``source`` but the weights, the index and the config; their names."""
+    copied = []
+    for item in sorted(source.iterdir()):
+        if item.name in {*shards, INDEX, CONFIG}:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, target / item.name)
+        else:
+            shutil.copy2(item, target / item.name)
+        copied.append(item.name)
+    return copied
+
+
+def _write_index(target: Path, weight_map: dict[str, str], total: int) -> None:
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
 def _module(name: str) -> str:
     return name[: -len(".weight")]
 
@@ -165,20 +192,10 @@ def quantize_model(
         raise ShapeError(msg)
     shards, indexed = ([source.name], False) if single else weight_files(source)
     folder = source.parent if single else source
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        msg = f"{target} exists and is not an empty folder; name a new folder for the quantized model"
-        raise ShapeError(msg)
-    target.mkdir(parents=True, exist_ok=True)
+    _new_folder(target, "quantized")
     summary = ModelSummary(fmt)
-    skip = {*shards, INDEX, CONFIG}
-    for item in [] if single else sorted(source.iterdir()):
-        if item.name in skip:
-            continue
-        if item.is_dir():
-            shutil.copytree(item, target / item.name)
-        else:
-            shutil.copy2(item, target / item.name)
-        summary.copied_files.append(item.name)
+    if not single:
+        summary.copied_files = _copy_other_files(source, target, shards)
     weight_map: dict[str, str] = {}
     total = 0
     for shard in shards:
@@ -195,8 +212,7 @@ def quantize_model(
         total += sum(sizes.values())
         summary.shards.append(out)
     if indexed:
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        _write_index(target, weight_map, total)
     ignore = sorted({*summary.left_out, "lm_head"})
     config_path = folder / CONFIG
     config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() and not single else {}
@@ -234,7 +250,7 @@ def _shard_items(
             continue
         x = st.array(name)
         try:
-            qt = quantize(x.astype(np.float32) if x.dtype != np.float32 else x, scheme)
+            qt = quantize(x, scheme)  # bf16 and f16 weights are computed in f32 by quantize itself
             del x  # before the codec's temporaries: one float tensor in memory at a time
             entries = write_weight(qt, _module(name))
         except (ShapeError, SchemeError, QuantizationError) as exc:
@@ -384,21 +400,11 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
         msg = f"{source} is not a model folder"
         raise ShapeError(msg)
     shards, indexed = weight_files(source)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        msg = f"{target} exists and is not an empty folder; name a new folder for the dequantized model"
-        raise ShapeError(msg)
     config_path = source / CONFIG
     config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    name = dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    out_dtype = _float_dtype(name)
-    target.mkdir(parents=True, exist_ok=True)
-    for item in sorted(source.iterdir()):
-        if item.name in {*shards, INDEX, CONFIG}:
-            continue
-        if item.is_dir():
-            shutil.copytree(item, target / item.name)
-        else:
-            shutil.copy2(item, target / item.name)
+    out_dtype = _float_dtype(dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32"))
+    _new_folder(target, "dequantized")
+    _copy_other_files(source, target, shards)
     done: list[str] = []
     weight_map: dict[str, str] = {}
     sizes = 0
@@ -407,7 +413,7 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
         nonlocal sizes
         for shard, key, tensor in group:
             if isinstance(tensor, QuantizedTensor):
-                tensor = np.asarray(dequantize(tensor, "float32")).astype(out_dtype)
+                tensor = np.asarray(dequantize(tensor, out_dtype))  # saturating at the dtype's maximum
                 done.append(key.removesuffix(".weight"))
             weight_map[key] = shard
             sizes += tensor.nbytes
@@ -417,8 +423,7 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
     for shard, group in itertools.groupby(iter_model(source), key=lambda t: t[0]):
         save_stream(target / shard, items(group), metadata={"format": "pt"})
     if indexed:
-        index = {"metadata": {"total_size": sizes}, "weight_map": dict(sorted(weight_map.items()))}
-        (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        _write_index(target, weight_map, sizes)
     config.pop("quantization_config", None)
     if config or config_path.is_file():
         (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

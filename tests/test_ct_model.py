@@ -55,7 +55,16 @@ FOLDER_CASES = [
     ("e4m3:block32x32:bf16:native", "float-quantized", True, False),
     ("q4s:block32:bf16", "pack-quantized", True, True),
     ("q8s:block32:f32", "pack-quantized", True, False),
+    # one scale per row on weights of every width: a block as long as the longest row, clamped to each
+    ("e4m3:block1x4096:bf16:native", "float-quantized", True, False),
+    # groups of 64: rows of 64 are one group (strategy channel), rows of 128 two: a config group each
+    ("q4s:block64:bf16", "pack-quantized", True, True),
 ]
+# the config groups each case's weights fall into: (strategy, group_size) -> how many modules
+STRATEGIES = {
+    "e4m3:block1x4096:bf16:native": {("channel", None): 14},
+    "q4s:block64:bf16": {("channel", None): 12, ("group", 64): 2},
+}
 
 
 @pytest.mark.parametrize(("scheme", "fmt", "exact", "shards"), FOLDER_CASES)
@@ -90,6 +99,16 @@ def test_folder_loads_in_transformers(tmp_path: Path, scheme: str, fmt: str, exa
     parsed = ct.QuantizationConfig.model_validate(config)
     assert parsed.format == fmt
     assert parsed.ignore == ["lm_head", "model.embed_tokens"]  # exactly the 2-d weights left in float
+    if scheme in STRATEGIES:  # compressed-tensors' own matching puts each module in its group
+        found: dict[tuple[str, int | None], int] = {}
+        probe = transformers.AutoModelForCausalLM.from_pretrained(src)
+        ct.apply_quantization_config(probe, parsed, show_progress=False)
+        for _, module in probe.named_modules():
+            qs = getattr(module, "quantization_scheme", None)
+            if qs is not None:
+                key = (str(getattr(qs.weights.strategy, "value", qs.weights.strategy)), qs.weights.group_size)
+                found[key] = found.get(key, 0) + 1
+        assert found == STRATEGIES[scheme]
 
     loaded = _load_dense(dst)
     assert loaded.dtype == torch.bfloat16
@@ -234,7 +253,8 @@ def test_dequantized_folder_loads_as_a_plain_model(
     _tiny_llama(src, torch.bfloat16, shards)
     summary = quantize_model(src, q, scheme)
     done = dequantize_model(q, back)
-    assert sorted(done) == sorted(summary.quantized)
+    assert sorted(done.modules) == sorted(summary.quantized)
+    assert done.dropped == []
     assert "quantization_config" not in json.loads((back / "config.json").read_text())
     assert sorted(p.name for p in back.iterdir()) == sorted(p.name for p in src.iterdir())
     plain = transformers.AutoModelForCausalLM.from_pretrained(back).eval()  # no quantizer involved
@@ -286,3 +306,77 @@ def test_cli_inspects_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "21 tensors, 14 quantized" in out  # 14 projections, embedding, head, 2x2 layer norms, final norm
     assert main(["inspect", str(src)]) == 0  # a plain folder lists as its arrays
     assert "21 tensors, 0 quantized" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("limit", "count"), [("60KB", 0), (30_000, 0), ("1GiB", 1)])
+def test_max_shard_size_cuts_the_output(tmp_path: Path, limit: object, count: int) -> None:
+    """Shards of at most the size (a larger entry alone), named and indexed as save_pretrained does."""
+    from safetensors import safe_open
+
+    from arrayquant.io.ct_model import parse_size
+
+    src, dst, whole = tmp_path / "llama", tmp_path / "cut", tmp_path / "whole"
+    _tiny_llama(src, torch.bfloat16, True)  # 100KB input shards, cut again differently
+    summary = quantize_model(src, dst, "mxfp8", max_shard_size=limit)
+    quantize_model(src, whole, "mxfp8")
+    files = sorted(p.name for p in dst.glob("*.safetensors"))
+    assert summary.shards == files
+    if count == 1:
+        assert files == ["model.safetensors"]
+        assert not (dst / "model.safetensors.index.json").exists()
+    else:
+        n = len(files)
+        assert n > 1
+        assert files == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+        index = json.loads((dst / "model.safetensors.index.json").read_text())
+        found, total = {}, 0
+        for shard in files:
+            with safe_open(str(dst / shard), "pt") as f:  # torch holds every dtype (F8 too)
+                sizes = {k: f.get_tensor(k).nbytes for k in f.keys()}  # noqa: SIM118
+            found.update(dict.fromkeys(sizes, shard))
+            total += sum(sizes.values())
+            # within the limit, unless one entry alone is larger
+            assert sum(sizes.values()) <= parse_size(limit) or len(sizes) == 1  # type: ignore[arg-type]
+        assert index["weight_map"] == found
+        assert index["metadata"]["total_size"] == total
+    assert not list(dst.glob(".part-*"))
+    # the same model as the folder with the input's shards
+    ids = torch.tensor([[1, 5, 9, 77, 3, 64]])
+    with torch.no_grad():
+        assert torch.equal(_load_dense(dst)(ids).logits, _load_dense(whole)(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [("5XB", "is not a size; write bytes or e.g. '5GB'"), ("0", "must be positive"), ("-3", "is not a size")],
+)
+def test_max_shard_size_refusals(tmp_path: Path, size: str, message: str) -> None:
+    from arrayquant.errors import ShapeError
+
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, False)
+    with pytest.raises(ShapeError, match=message):
+        quantize_model(src, tmp_path / "out", "mxfp8", max_shard_size=size)
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_cli_max_shard_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from arrayquant.cli import main
+
+    src = tmp_path / "llama"
+    _tiny_llama(src, torch.float32, False)
+    assert (
+        main(["quantize", str(src), str(tmp_path / "q"), "--scheme", "mxfp8", "--quiet", "--max-shard-size", "80KB"])
+        == 0
+    )
+    assert "weight file(s)" in capsys.readouterr().out
+    assert len(list((tmp_path / "q").glob("model-*-of-*.safetensors"))) > 1
+    single = tmp_path / "llama" / "model.safetensors"
+    code = main(
+        ["quantize", str(single), str(tmp_path / "w.safetensors"), "--scheme", "q8s", "--max-shard-size", "1GB"]
+    )
+    assert code == 1
+    assert "--max-shard-size applies to --format compressed-tensors only" in capsys.readouterr().err
+    code = main(["quantize", str(src), str(tmp_path / "q2"), "--scheme", "mxfp8", "--max-shard-size", "big"])
+    assert code == 1
+    assert "max shard size 'big' is not a size" in capsys.readouterr().err

@@ -226,8 +226,17 @@ def _quantize(a: argparse.Namespace) -> int:
             msg = "--min-size, --backend, --device and --nonfinite apply to --format arrayquant only"
             raise commands.CommandError(msg)
         return commands.quantize_model_folder(
-            a.input, a.output, a.scheme, include=a.include, exclude=a.exclude, quiet=a.quiet
+            a.input,
+            a.output,
+            a.scheme,
+            include=a.include,
+            exclude=a.exclude,
+            quiet=a.quiet,
+            max_shard_size=a.max_shard_size,
         )
+    if a.max_shard_size is not None:
+        msg = "--max-shard-size applies to --format compressed-tensors only (model folders)"
+        raise commands.CommandError(msg)
     if Path(a.input).is_dir():
         msg = f"IN {commands.shown(a.input)} is a model folder: write it with --format compressed-tensors"
         raise commands.CommandError(msg)
@@ -269,6 +278,12 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.add_argument("--include", action="append", default=[], metavar="GLOB", help="quantize tensors named so (repeat)")
     q.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="never quantize these (repeat)")
     q.add_argument("--min-size", type=_count, default=0, metavar="N", help="only tensors of N elements or more")
+    q.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        help="compressed-tensors: cut the weights into shards of at most SIZE (5GB, 500MB, 2GiB), named and "
+        "indexed as save_pretrained does (default: the input's shards)",
+    )
     q.add_argument("--backend", help="array backend (default: aq.backends.default())")
     q.add_argument("--device", help="device such as cpu, cuda, cuda:1 (default: the backend's)")
     q.add_argument(

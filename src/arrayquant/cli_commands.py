@@ -431,13 +431,15 @@ def quantize_model_folder(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     quiet: bool = False,
+    max_shard_size: str | None = None,
 ) -> int:
     """``arrayquant quantize IN OUT --format compressed-tensors``: a model folder transformers and vLLM load."""
     from .io.ct_formats import weight_format
-    from .io.ct_model import quantize_model
+    from .io.ct_model import parse_size, quantize_model
 
     scheme = check_scheme(scheme_text)
     weight_format(scheme)  # a scheme with no compressed-tensors format fails before any work
+    limit = None if max_shard_size is None else parse_size(max_shard_size)
     _not_the_input(src, dst)
     tqdm = _tqdm()
     with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
@@ -446,7 +448,9 @@ def quantize_model_folder(
             bar.set_postfix_str(shown(name), refresh=False)
             bar.update(1)
 
-        summary = quantize_model(src, dst, scheme, include=include, exclude=exclude, progress=step)
+        summary = quantize_model(
+            src, dst, scheme, include=include, exclude=exclude, progress=step, max_shard_size=limit
+        )
     print(f"quantized {len(summary.quantized)} Linear weights with {scheme} as {summary.format}")
     for module, why in sorted(summary.left_out.items()):
         print(f"  left in float: {shown(module)} ({why})")
@@ -462,9 +466,15 @@ def dequantize_model_folder(src: str, dst: str, dtype: str | None = None) -> int
 
     _not_the_input(src, dst)
     done = dequantize_model(src, dst, dtype)
-    if not done:
+    if not done.modules:
         print(f"warning: {shown(src)} holds no quantized weight; the folder was copied as it is", file=sys.stderr)
-    print(f"dequantized {len(done)} weights; wrote {shown(dst)}, a model folder without quantization_config")
+    if done.dropped:
+        kinds = sorted({name.rpartition(".")[2] for name in done.dropped})
+        print(
+            f"dropped {len(done.dropped)} activation/KV-cache scales ({', '.join(kinds)}): only an engine "
+            "that quantizes activations at run time uses them"
+        )
+    print(f"dequantized {len(done.modules)} weights; wrote {shown(dst)}, a model folder without quantization_config")
     return 0
 
 
@@ -482,7 +492,7 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None) -> int:
                     counts["quantized"] += 1
                     yield e.name, dequantize(qt, _np_dtype(dtype or ck.stored_dtype(e.name)))
                 else:
-                    yield e.name, ck.array(e.name)
+                    yield e.name, ck.passthrough(e.name)  # copied as stored, a chunk at a time
 
         save_stream(dst, items(), metadata=ck.user_metadata)
     what = dtype or "their original dtypes"
@@ -542,7 +552,8 @@ def _scale_span(qt: QuantizedTensor) -> str:
 
 def _inspect_folder(path: str) -> int:
     """``arrayquant inspect FOLDER``: the tensors of a model folder, compressed-tensors weights by scheme."""
-    from .io.ct_model import iter_model
+    from .io.ct_config import activation_notes
+    from .io.ct_model import iter_model, quantization_config_of
 
     rows: dict[str, list[str]] = {}
     total = quantized = 0
@@ -560,6 +571,11 @@ def _inspect_folder(path: str) -> int:
     table = [rows[n] for n in _order(rows)]
     print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], table, {3})))
     print(f"\n{len(table)} tensors, {quantized} quantized, {total / _MiB:.2f} MiB of tensor data")
+    qc = quantization_config_of(Path(path))
+    notes = activation_notes(qc) if qc is not None else []
+    if notes:
+        print("the config also quantizes, at run time in the engine (not read by arrayquant, which reads weights):")
+        print("\n".join(f"  {note}" for note in notes))
     return 0
 
 

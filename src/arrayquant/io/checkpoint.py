@@ -36,7 +36,7 @@ import array_api_compat as compat
 import numpy as np
 
 from ..backends import dask_graph, default, shim
-from ..errors import BackendUnavailableError, DTypeError, ShapeError
+from ..errors import BackendUnavailableError, DTypeError, SchemeError, ShapeError
 from ..invariants import Plan, check_params, check_shape, plan_for
 from ..scheme import QParams, ScaleDtype
 from ..storage import check_values, values_layout
@@ -52,6 +52,7 @@ from .reader import (
     FORMAT_VERSION,
     VALUES_SUFFIX,
     Checkpoint,
+    Passthrough,
     SafetensorsFile,
     _ml_dtype,
     read_header,
@@ -243,6 +244,8 @@ def _write(path: str, base: int, parts: dict[str, _Part], offsets: dict[str, int
             if isinstance(data, _Lazy):
                 sources.append(data.array)
                 targets.append(ChunkTarget(path, at, tuple(shape), data.itemsize, data.encode))
+            elif isinstance(data, Passthrough):
+                data.copy_to(fd, at)
             else:
                 write_all(fd, data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else data, at)
     finally:
@@ -253,7 +256,7 @@ def _write(path: str, base: int, parts: dict[str, _Part], offsets: dict[str, int
 
 
 def _nbytes(data: Any) -> int:
-    return int(data.nbytes) if isinstance(data, np.ndarray) else len(data)
+    return int(data.nbytes) if isinstance(data, (np.ndarray, Passthrough)) else len(data)
 
 
 def _layout(kinds: dict[str, tuple[str, list[int], int]]) -> tuple[dict[str, Any], dict[str, int]]:
@@ -293,7 +296,7 @@ def _describe(qt: QuantizedTensor) -> str:
     return json.dumps({"scheme": str(qt.scheme), "dtype": dtype_name(qt.dtype), "shape": list(qt.shape)})
 
 
-def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
+def save(path: str | os.PathLike[str], tensors: Mapping[str, Any], *, format: str = "arrayquant") -> None:  # noqa: A002
     """Write quantized tensors and plain arrays to a safetensors file, atomically.
 
     A quantized tensor ``name`` is stored as ``name.qvalues`` and ``name.scales`` (plus
@@ -308,12 +311,20 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     tensors : mapping of str to QuantizedTensor or array
         Quantized tensors and plain arrays (float, integer, bool; bfloat16 and fp8 through
         ml_dtypes) of any backend.
+    format : {"arrayquant", "compressed-tensors"}
+        ``"arrayquant"``: the layout above, for every scheme. ``"compressed-tensors"``: the
+        entries compressed-tensors writes (``<module>.weight_packed``, ``.weight_scale``, ...)
+        for quantized tensors named ``<module>.weight`` whose schemes it has, with the
+        ``quantization_config`` in the file's metadata (see
+        :func:`arrayquant.io.ct_file.save_compressed_tensors`).
 
     Raises
     ------
     ParamsError, ShapeError
         A quantized tensor whose parts do not fit its scheme, or a name the layout reserves
         (ending in ``.qvalues``, ``.scales``, ...).
+    SchemeError
+        An unknown ``format``; with ``"compressed-tensors"``, a scheme that format lacks.
     DTypeError
         An array of a dtype safetensors cannot hold.
     BackendUnavailableError
@@ -329,6 +340,14 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:
     >>> aq.to_bytes(loaded["w"]) == aq.to_bytes(qt), loaded["bias"].shape
     (True, (4,))
     """
+    if format == "compressed-tensors":
+        from .ct_file import save_compressed_tensors
+
+        save_compressed_tensors(path, tensors)
+        return
+    if format != "arrayquant":
+        msg = f"format {format!r} is not one aq.save writes; use 'arrayquant' or 'compressed-tensors'"
+        raise SchemeError(msg)
     if any(_is_lazy(item) for item in tensors.values()):
         _save_lazy(path, tensors)
         return
@@ -358,7 +377,9 @@ def save_stream(
     """Write ``(name, tensor)`` pairs as they come, holding one tensor at a time; same file as :func:`save`.
 
     ``items`` may be a generator: each quantized tensor or array is written and dropped before the
-    next is asked for, so memory stays near the largest tensor. The data goes to a spool file next
+    next is asked for, so memory stays near the largest tensor. An item may also be a
+    :class:`~arrayquant.io.reader.Passthrough`, an entry of an open file copied as stored, a
+    chunk at a time. The data goes to a spool file next
     to the target while the header (which precedes the data in the format and needs every size) is
     built; then header and data are copied to a temporary file that is renamed over the target.
     ``metadata`` adds string entries to the file's metadata; keys under ``arrayquant.`` are
@@ -395,13 +416,13 @@ def save_stream(
             parts = _parts(name, item, meta)
             names.add(name)
             _add(kinds, {k: (kind, shape, _nbytes(data)) for k, (data, kind, shape) in parts.items()})
-            offsets = {}
-            for key, (data, _, _) in parts.items():
+            offsets, part = {}, None
+            for key, part in parts.items():
                 offsets[key] = at
-                at += _nbytes(data)
+                at += _nbytes(part[0])
             spooled.update(offsets)
             _write(spool.name, 0, parts, offsets, spool.fileno())
-            del parts, item
+            del parts, part, item  # nothing of this tensor is held while the next one is made
         header, _ = _layout(kinds)
 
         def copy(f: Any, _: str) -> None:
@@ -439,6 +460,8 @@ def _parts(name: str, item: Any, meta: dict[str, str], stored: _Stored | None = 
     if isinstance(item, QuantizedTensor):
         meta[_TENSOR_KEY + name] = _describe(item)
         return _stored_entries(name, stored) if stored is not None else _quantized_entries(name, item)
+    if isinstance(item, Passthrough):  # copied from its file as stored
+        return {name: (item, item.entry.dtype, list(item.entry.shape))}
     if dask_graph.handles(item):
         kind = _header_kind(name, item.dtype)
         return {name: (_Lazy(item, np.dtype(_PLAIN[kind][0]).itemsize, _PlainCodec(kind)), kind, list(item.shape))}
@@ -496,21 +519,22 @@ def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None
 
 
 def _compressed_tensors(path: Path) -> bool:
-    """A compressed-tensors model: a folder, or a file describing no arrayquant tensor whose
-    folder's config.json has a compressed-tensors quantization_config."""
+    """A compressed-tensors model: a folder, or a file describing no arrayquant tensor that holds a
+    ``quantization_config`` in its metadata or whose folder's config.json has a compressed-tensors one."""
     if path.is_dir():
         return True
-    config = path.parent / "config.json"
-    if not config.is_file():
-        return False
     with SafetensorsFile(path) as st:
         if any(k.startswith(_TENSOR_KEY) for k in st.metadata):  # arrayquant's own quantized tensors
             return False
+        stored = "quantization_config" in st.metadata  # written by aq.save(format="compressed-tensors")
+    config = path.parent / "config.json"
+    if not config.is_file():
+        return stored
     try:
         qc = json.loads(config.read_text()).get("quantization_config")
     except (ValueError, UnicodeDecodeError, AttributeError):
-        return False
-    return isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors"
+        return stored
+    return stored or (isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors")
 
 
 def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:

@@ -146,8 +146,9 @@ def weight_args(scheme: QuantScheme, shape: tuple[int, ...] | None = None) -> tu
     """The compressed-tensors format and ``weights`` arguments for ``scheme``, or None.
 
     The arguments are the dict compressed-tensors itself serializes into ``config.json``
-    (``QuantizationArgs.model_dump()``). A 1-d block of ``n`` is per-row (strategy ``channel``)
-    when ``shape`` is given and its last axis is ``n``, otherwise strategy ``group`` of ``n``.
+    (``QuantizationArgs.model_dump()``). A 1-d block of ``n`` (or ``[1, n]``) is per-row
+    (strategy ``channel``) when ``shape`` is given and its last axis is at most ``n`` (arrayquant
+    clamps a block to the data), otherwise strategy ``group`` of ``n``.
 
     Parameters
     ----------
@@ -183,11 +184,11 @@ def weight_args(scheme: QuantScheme, shape: tuple[int, ...] | None = None) -> tu
     if scheme.block is None:
         return FLOAT, _float_args("tensor")
     dims = scheme.block[0].dims
-    if len(dims) == 2:
+    if len(dims) == 2 and dims[0] != 1:
         return FLOAT, _float_args("block", block=[int(dims[0]), int(dims[1])])
-    if shape is not None and len(shape) >= 1 and shape[-1] == dims[0]:
+    if shape is not None and len(shape) >= 1 and shape[-1] <= dims[-1]:  # the block clamps to the row
         return FLOAT, _float_args("channel")
-    return FLOAT, _float_args("group", group_size=int(dims[0]))
+    return FLOAT, _float_args("group", group_size=int(dims[-1]))
 
 
 def _refuse(scheme: QuantScheme) -> SchemeError:

@@ -17,8 +17,9 @@ weight ``<name>`` in the ``pack-quantized`` format as three safetensors entries:
 
 8-bit weights without activation quantization are ``pack-quantized`` too
 (``PackedQuantizationCompressor.can_compress``: INT, 1 <= num_bits <= 8; ``int-quantized`` is
-chosen first only when ``input_activations`` is set, i.e. W8A8). ``int-quantized`` (and
-``naive-quantized``) store the codes unpacked as ``<name>.weight`` int8; :func:`read` takes both.
+chosen first only when ``input_activations`` is set, e.g. W8A8). ``int-quantized`` (and
+``naive-quantized``) store the codes unpacked as ``<name>.weight`` int8, for any width (W4AFP8,
+W4A8 and W2A8 write 4- and 2-bit codes so); :func:`read` takes both.
 
 Ranges. compressed-tensors' integer range is ``[-2 ** (bits - 1), 2 ** (bits - 1) - 1]``
 (``quantization/utils/helpers.py``, ``_calculate_range``), i.e. arrayquant's ``Q8F``, ``Q4F``,
@@ -109,6 +110,8 @@ def _group(scheme: QuantScheme) -> int | None:
     if scheme.block is None:
         return 0
     dims = scheme.block[0].dims
+    if len(dims) == 2 and dims[0] == 1:  # [1, g]: the same blocks, one row high
+        return dims[1]
     return dims[0] if len(dims) == 1 else None
 
 
@@ -121,9 +124,9 @@ def weight_args(scheme: QuantScheme, *, shape: tuple[int, ...] | None = None) ->
         Q8F/Q8S/Q4F/Q4S/Q2F/Q2S, symmetric, one level: per-tensor, or a 1-D block ``[g]``
         (``[1, g]`` is the same block) with F32, F16 or BF16 scales.
     shape : tuple of int, optional
-        The weight's shape. When the block spans its whole last axis (per-row), the strategy
-        is ``channel`` instead of ``group`` with ``group_size == cols`` (both store the same
-        entries and dequantize alike).
+        The weight's shape. When the block spans its whole last axis (per-row: a block at least
+        as long as the row, which arrayquant clamps to it), the strategy is ``channel`` instead
+        of ``group`` (both store the same entries and dequantize alike).
 
     Returns
     -------
@@ -146,7 +149,7 @@ def weight_args(scheme: QuantScheme, *, shape: tuple[int, ...] | None = None) ->
         return None
     if group == 0:
         strategy, group_size = "tensor", None
-    elif shape is not None and len(shape) >= 1 and shape[-1] == group:
+    elif shape is not None and len(shape) >= 1 and shape[-1] <= group:  # a block clamps to the row
         strategy, group_size = "channel", None
     else:
         strategy, group_size = "group", group
@@ -357,12 +360,21 @@ def _codes(entries: Mapping[str, Any], name: str, fmt: str, bits: int) -> np.nda
         return _unpack_rows(np.ascontiguousarray(packed), bits, cols)
     wkey = _key(name, WEIGHT)
     weight = _need(entries, wkey, fmt, name)
-    if weight.dtype != np.int8 or bits != 8:
-        msg = f"entry {wkey!r} has dtype {weight.dtype} for {bits}-bit weights; {fmt} stores 8-bit codes as int8"
+    # compressed-tensors' naive compressor casts the codes of any width up to 8 bits to int8
+    # (QuantizationArgs.pytorch_dtype), e.g. the 4-bit weights of W4AFP8 and W4A8
+    if weight.dtype != np.int8:
+        msg = f"entry {wkey!r} has dtype {weight.dtype} for {bits}-bit weights; {fmt} stores codes as int8"
         raise CorruptDataError(msg)
     if weight.ndim != 2 or min(weight.shape) < 1:
         msg = f"entry {wkey!r} has shape {weight.shape}; compressed-tensors integer weights are 2-D (rows, cols)"
         raise ShapeError(msg)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    outside = (weight < lo) | (weight > hi)
+    if bits < 8 and np.any(outside):
+        i = int(np.argmax(outside.reshape(-1)))
+        code = int(weight.reshape(-1)[i])
+        msg = f"entry {wkey!r} holds {code} at flat index {i}, outside the {bits}-bit range [{lo}, {hi}]"
+        raise CorruptDataError(msg)
     return np.ascontiguousarray(weight)
 
 

@@ -20,6 +20,7 @@ with tied embeddings has as a module without a tensor of its own), so the loader
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import itertools
 import json
@@ -29,24 +30,27 @@ import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import CorruptDataError, QuantizationError, SchemeError, ShapeError
-from ..quantize import quantize
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
 from .checkpoint import save_stream
-from .ct_config import quantization_config, weight_groups
-from .ct_formats import read_weight, weight_format, write_weight
+from .ct_config import modules_quantization_config, quantization_config, weight_groups
+from .ct_formats import read_weight, weight_format
+from .ct_stream import quantize_entry
 from .reader import SafetensorsFile
 
 __all__ = [
+    "ACTIVATION_PARTS",
+    "Dequantized",
     "ModelSummary",
     "dequantize_model",
     "iter_model",
     "load_model",
+    "parse_size",
     "quantization_config_of",
     "quantize_model",
     "weight_files",
@@ -147,6 +151,7 @@ def quantize_model(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
+    max_shard_size: int | str | None = None,
 ) -> ModelSummary:
     """Quantize the ``Linear`` weights of a Hugging Face model folder into a compressed-tensors folder.
 
@@ -164,6 +169,10 @@ def quantize_model(
         Globs on tensor names narrowing the weights quantized (``"*.mlp.*"``).
     progress : callable, optional
         Called with each tensor's name as it is written.
+    max_shard_size : int or str, optional
+        Cut the output into shards of at most this many bytes (``"5GB"``, ``"500MB"``,
+        ``"2GiB"``; a larger tensor gets a shard of its own), named and indexed as
+        transformers' ``save_pretrained`` does. By default the output has the input's shards.
 
     Returns
     -------
@@ -174,7 +183,8 @@ def quantize_model(
     SchemeError
         A scheme with no compressed-tensors format (the message lists those that map).
     ShapeError
-        A source that is not a safetensors model folder, or a destination in use.
+        A source that is not a safetensors model folder, a destination in use, or a
+        ``max_shard_size`` that is not a size.
 
     Examples
     --------
@@ -185,6 +195,7 @@ def quantize_model(
         msg = f"scheme must be a QuantScheme or its text, got {type(scheme).__name__}"
         raise SchemeError(msg)
     fmt, args = weight_format(plan_scheme)
+    limit = None if max_shard_size is None else parse_size(max_shard_size)
     source, target = Path(src), Path(dst)
     single = source.is_file()  # one .safetensors file: a folder of its weights alone comes out
     if not single and not source.is_dir():
@@ -196,35 +207,97 @@ def quantize_model(
     summary = ModelSummary(fmt)
     if not single:
         summary.copied_files = _copy_other_files(source, target, shards)
-    weight_map: dict[str, str] = {}
-    total = 0
-    for shard in shards:
-        sizes: dict[str, int] = {}
-        out = SINGLE if single else shard
-        with SafetensorsFile(folder / shard) as st:
-            # one tensor read, quantized and written at a time
-            save_stream(
-                target / out,
-                _recorded(_shard_items(st, plan_scheme, include, exclude, summary, progress), sizes),
-                metadata={"format": "pt"},  # transformers refuses safetensors files without it
+    formats: dict[str, tuple[str, dict[str, Any]]] = {}  # module -> its weight's format and arguments
+    written: list[tuple[str, dict[str, int]]] = []  # output shard -> its entries' sizes
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(SafetensorsFile(folder / shard)) for shard in shards]
+        streams = (_shard_items(st, plan_scheme, include, exclude, summary, formats, progress) for st in files)
+        if limit is None:  # shard for shard, under the input's names
+            outputs: Iterator[tuple[str, Iterator[tuple[str, Any]]]] = zip(
+                [SINGLE] if single else shards, streams, strict=True
             )
-        weight_map.update(dict.fromkeys(sizes, out))
-        total += sum(sizes.values())
-        summary.shards.append(out)
+        else:  # cut by size, named once their number is known
+            parts = _split(itertools.chain.from_iterable(streams), limit)
+            outputs = ((f".part-{k:05d}.safetensors", part) for k, part in enumerate(parts))
+        for out, items in outputs:
+            sizes: dict[str, int] = {}
+            # one tensor read, quantized and written at a time
+            save_stream(target / out, _recorded(items, sizes), metadata={"format": "pt"})  # transformers needs "pt"
+            written.append((out, sizes))
+    if limit is not None:
+        written, indexed = _rename_parts(target, written), len(written) > 1
+    weight_map = {key: out for out, sizes in written for key in sizes}
+    summary.shards = [out for out, _ in written]
     if indexed:
-        _write_index(target, weight_map, total)
+        _write_index(target, weight_map, sum(sum(sizes.values()) for _, sizes in written))
     ignore = sorted({*summary.left_out, "lm_head"})
     config_path = folder / CONFIG
     config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() and not single else {}
-    config["quantization_config"] = quantization_config(fmt, args, ignore)
+    # one group for the whole model, or one per kind when weights of different widths differ in strategy
+    qc = modules_quantization_config(formats, ignore) if formats else quantization_config(fmt, args, ignore)
+    config["quantization_config"] = qc
     (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return summary
 
 
-def _recorded(pairs: Iterator[tuple[str, np.ndarray]], sizes: dict[str, int]) -> Iterator[tuple[str, np.ndarray]]:
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from ``5000000``, ``"5GB"`` (powers of ten, as transformers reads it) or ``"2GiB"``.
+
+    >>> parse_size("5GB"), parse_size("1MiB"), parse_size(4096)
+    (5000000000, 1048576, 4096)
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        number, unit = size, ""
+    else:
+        found = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(size))
+        if found is None or found[2].upper() not in _UNITS:
+            msg = f"max shard size {size!r} is not a size; write bytes or e.g. '5GB', '500MB', '2GiB'"
+            raise ShapeError(msg)
+        number, unit = int(found[1]), found[2].upper()
+    if number <= 0:
+        msg = f"max shard size {size!r} must be positive"
+        raise ShapeError(msg)
+    return number * _UNITS[unit]
+
+
+def _split(items: Iterator[tuple[str, Any]], limit: int) -> Iterator[Iterator[tuple[str, Any]]]:
+    """``items`` cut into runs of at most ``limit`` bytes each (a larger entry alone in its run)."""
+    pending = next(items, None)
+
+    def run() -> Iterator[tuple[str, Any]]:
+        nonlocal pending
+        size = 0
+        while pending is not None and (size == 0 or size + pending[1].nbytes <= limit):
+            size += pending[1].nbytes
+            yield pending
+            pending = next(items, None)
+
+    while pending is not None:
+        yield run()
+
+
+def _rename_parts(target: Path, written: list[tuple[str, dict[str, int]]]) -> list[tuple[str, dict[str, int]]]:
+    """Give size-cut shards transformers' names: ``model.safetensors`` alone, else ``model-0000k-of-0000n``."""
+    n = len(written)
+    if n == 0:  # a model without tensors: one empty file, as save_pretrained writes
+        save_stream(target / SINGLE, iter(()), metadata={"format": "pt"})
+        return [(SINGLE, {})]
+    named = []
+    for k, (part, sizes) in enumerate(written, 1):
+        name = SINGLE if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"
+        os.replace(target / part, target / name)
+        named.append((name, sizes))
+    return named
+
+
+def _recorded(pairs: Iterator[tuple[str, Any]], sizes: dict[str, int]) -> Iterator[tuple[str, Any]]:
     for key, arr in pairs:
         sizes[key] = arr.nbytes
         yield key, arr
+        del arr  # not held while the next tensor is computed
 
 
 def _shard_items(
@@ -233,8 +306,9 @@ def _shard_items(
     include: Sequence[str],
     exclude: Sequence[str],
     summary: ModelSummary,
+    formats: dict[str, tuple[str, dict[str, Any]]],
     progress: Callable[[str], None] | None,
-) -> Iterator[tuple[str, np.ndarray]]:
+) -> Iterator[tuple[str, Any]]:
     """The entries of one output shard, in input order, one tensor read at a time."""
     for name, entry in st.entries.items():
         if progress is not None:
@@ -242,24 +316,27 @@ def _shard_items(
         if not _candidate(name, entry.dtype, entry.shape):
             if len(entry.shape) == 2 and name.endswith(".weight"):
                 summary.left_out[_module(name)] = "embedding, head or norm (left in float, as llm-compressor does)"
-            yield name, st.array(name)
+            yield name, st.passthrough(name)  # copied as stored, never whole in memory
             continue
         if not _chosen(name, include, exclude):
             summary.left_out[_module(name)] = "not selected by --include/--exclude"
-            yield name, st.array(name)
+            yield name, st.passthrough(name)
             continue
-        x = st.array(name)
         try:
-            qt = quantize(x, scheme)  # bf16 and f16 weights are computed in f32 by quantize itself
-            del x  # before the codec's temporaries: one float tensor in memory at a time
-            entries = write_weight(qt, _module(name))
-        except (ShapeError, SchemeError, QuantizationError) as exc:
+            # a row slab at a time: the float weight is never whole in memory, only its entries
+            entries = quantize_entry(st, name, scheme, _module(name))
+        except (ShapeError, SchemeError) as exc:
             summary.left_out[_module(name)] = f"shape {list(entry.shape)} does not fit the format: {exc}"
-            yield name, st.array(name)  # read again: the first copy is gone
+            yield name, st.passthrough(name)
+            continue
+        except QuantizationError as exc:
+            summary.left_out[_module(name)] = f"could not be quantized: {exc}"
+            yield name, st.passthrough(name)
             continue
         summary.quantized.append(_module(name))
-        del qt
+        formats[_module(name)] = weight_format(scheme, entry.shape)
         yield from entries.items()
+        del entries
 
 
 # the entries compressed-tensors writes for a quantized weight, beside the module's other parameters
@@ -332,17 +409,22 @@ def load_model(path: str | os.PathLike[str], *, backend: str | None = None, devi
 
 
 def iter_model(
-    path: str | os.PathLike[str], *, backend: str = "numpy", device: Any = None
+    path: str | os.PathLike[str], *, backend: str = "numpy", device: Any = None, passthrough: bool = False
 ) -> Iterator[tuple[str, str, Any]]:
     """``(shard, name, tensor)`` for every tensor of a model folder, read one at a time in file order.
 
-    ``tensor`` is a NumPy array as stored, or for a compressed-tensors weight a
-    :class:`QuantizedTensor` (on ``backend``) named ``<module>.weight`` and placed in the shard of
-    its ``weight_scale`` entry. Raises as :func:`load_model`.
+    ``tensor`` is a NumPy array as stored (with ``passthrough``, a
+    :class:`~arrayquant.io.reader.Passthrough` for a writer to copy), or for a compressed-tensors
+    weight a :class:`QuantizedTensor` (on ``backend``) named ``<module>.weight`` and placed in the
+    shard of its ``weight_scale`` entry. Raises as :func:`load_model`.
     """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     qc = quantization_config_of(folder)
+    if qc is None and not path.is_dir():  # a file written by aq.save(format="compressed-tensors")
+        from .ct_file import file_quantization_config
+
+        qc = file_quantization_config(path)
     groups = [] if qc is None else weight_groups(qc)
     files = weight_files(folder)[0] if path.is_dir() else [path.name]
     opened = [SafetensorsFile(folder / f) for f in files]
@@ -370,21 +452,48 @@ def iter_model(
                         entries = {k: where[k].array(k) for k in parts[module]}
                         fmt, args = _group_for(module, groups)
                         qt = read_weight(entries, module, fmt, args, backend=backend, device=device)
+                        del entries
                         yield st.path.name, f"{module}.weight", qt
+                        del qt
                     continue
-                yield st.path.name, name, st.array(name)
+                yield st.path.name, name, st.passthrough(name) if passthrough else st.array(name)
     finally:
         for st in opened:
             st.close()
 
 
-def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None) -> list[str]:
-    """Write a compressed-tensors model folder back as a plain float folder; the dequantized modules.
+# entries of activation and KV-cache quantization: scales an engine applies at run time, which mean
+# nothing to a float model (transformers reports them as unexpected keys)
+ACTIVATION_PARTS = frozenset(
+    {
+        "input_scale",
+        "input_global_scale",
+        "input_zero_point",
+        "output_scale",
+        "output_global_scale",
+        "output_zero_point",
+        "k_scale",
+        "v_scale",
+    }
+)
+
+
+class Dequantized(NamedTuple):
+    """What :func:`dequantize_model` did: the modules it dequantized and the activation entries it dropped."""
+
+    modules: list[str]
+    dropped: list[str]
+
+
+def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None) -> Dequantized:
+    """Write a compressed-tensors model folder back as a plain float folder.
 
     Every file but the weights is copied, ``config.json`` without its ``quantization_config``;
     each shard is rewritten tensor by tensor with the quantized weights dequantized to ``dtype``
     (default: the model's ``torch_dtype``/``dtype`` from its config, else float32) under their
-    ``.weight`` names, and the index maps them.
+    ``.weight`` names, other tensors copied as stored, and the index maps them. Scales of
+    activation or KV-cache quantization (``input_scale``, ``input_global_scale``, ``k_scale``,
+    ...) are dropped: without the ``quantization_config`` no loader uses them.
 
     Raises
     ------
@@ -403,31 +512,36 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
     config_path = source / CONFIG
     config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
     out_dtype = _float_dtype(dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32"))
+    quantized_model = isinstance(config.get("quantization_config"), dict)
     _new_folder(target, "dequantized")
     _copy_other_files(source, target, shards)
-    done: list[str] = []
+    result = Dequantized([], [])
     weight_map: dict[str, str] = {}
     sizes = 0
 
-    def items(group: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, np.ndarray]]:
+    def items(group: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, Any]]:
         nonlocal sizes
         for shard, key, tensor in group:
             if isinstance(tensor, QuantizedTensor):
                 tensor = np.asarray(dequantize(tensor, out_dtype))  # saturating at the dtype's maximum
-                done.append(key.removesuffix(".weight"))
+                result.modules.append(key.removesuffix(".weight"))
+            elif quantized_model and key.rpartition(".")[2] in ACTIVATION_PARTS:
+                result.dropped.append(key)
+                continue
             weight_map[key] = shard
             sizes += tensor.nbytes
             yield key, tensor
+            del tensor
 
     # one pass over the model, tensor by tensor; each shard is written as its tensors come
-    for shard, group in itertools.groupby(iter_model(source), key=lambda t: t[0]):
+    for shard, group in itertools.groupby(iter_model(source, passthrough=True), key=lambda t: t[0]):
         save_stream(target / shard, items(group), metadata={"format": "pt"})
     if indexed:
         _write_index(target, weight_map, sizes)
     config.pop("quantization_config", None)
     if config or config_path.is_file():
         (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return done
+    return result
 
 
 def _float_dtype(name: str) -> np.dtype[Any]:

@@ -45,6 +45,7 @@ from ..scheme import QParams, QuantScheme, ScaleDtype
 from ..storage import values_layout
 from ..tensor import QuantizedTensor
 from .burn import check_codes, decode_scales
+from .regions import write_all
 
 __all__ = [
     "FORMAT_VERSION",
@@ -53,6 +54,7 @@ __all__ = [
     "VALUES_SUFFIX",
     "Checkpoint",
     "Entry",
+    "Passthrough",
     "SafetensorsFile",
     "read_header",
 ]
@@ -332,12 +334,67 @@ class SafetensorsFile:
         """The entry as a NumPy array of its own dtype (BF16 and F8 through ml_dtypes), no copy."""
         return self.raw(name).view(self.array_dtype(name))
 
+    def passthrough(self, name: str) -> Passthrough:
+        """The entry as it is stored, for a writer to copy byte for byte without reading it whole."""
+        return Passthrough(self, self.entries[name])
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of an entry of at least one axis, as :meth:`array` types them.
+
+        Rows are contiguous in the file, so a slab is one read: a large tensor can be worked on
+        a slab at a time without ever being whole in memory.
+        """
+        e = self.entries[name]
+        if not e.shape:
+            msg = f"{self.path}: entry {name!r} is 0-d; it has no rows"
+            raise ShapeError(msg)
+        start, stop = max(0, start), min(stop, e.shape[0])
+        shape = (max(0, stop - start), *e.shape[1:])
+        dtype = self.array_dtype(name)
+        row_bytes = math.prod(e.shape[1:]) * dtype.itemsize
+        buf = np.empty(shape[0] * row_bytes, np.uint8)
+        if buf.size:
+            self._file.seek(e.start + start * row_bytes)
+            if self._file.readinto(buf.data) != buf.size:
+                msg = f"{self.path}: entry {name!r} is cut short; the file was truncated while it was read"
+                raise CorruptDataError(msg)
+        raw = buf.view(_PLAIN[e.dtype][0]).reshape(shape)
+        return raw.view(dtype)
+
     def array_dtype(self, name: str) -> np.dtype[Any]:
         """The NumPy dtype :meth:`array` gives the entry, without reading it."""
         kind = self.entries[name].dtype
         if kind == "BF16" or kind.startswith("F8"):
             return np.dtype(_ml_dtype(_PLAIN[kind][1]))
         return np.dtype(np.bool_ if kind == "BOOL" else _PLAIN[kind][0])
+
+
+class Passthrough(NamedTuple):
+    """An entry of an open :class:`SafetensorsFile` that a writer copies as it is stored.
+
+    ``arrayquant.io.checkpoint.save_stream`` takes it in place of an array and copies its bytes
+    a chunk at a time, so tensors that pass through unchanged (a model's embeddings, norms,
+    biases) never sit in memory; the source must stay open until the writer is done.
+    """
+
+    source: SafetensorsFile
+    entry: Entry
+
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes
+
+    def copy_to(self, fd: int, offset: int, chunk: int = 1 << 20) -> None:
+        """Write the entry's bytes at ``offset`` of the open file ``fd``."""
+        src = self.source._file.fileno()
+        at, stop = self.entry.start, self.entry.stop
+        while at < stop:
+            data = os.pread(src, min(chunk, stop - at), at)
+            if not data:
+                msg = f"{self.source.path}: entry {self.entry.name!r} is cut short; the file was truncated"
+                raise CorruptDataError(msg)
+            write_all(fd, data, offset)
+            at, offset = at + len(data), offset + len(data)
 
 
 class _Described(NamedTuple):

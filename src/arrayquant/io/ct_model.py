@@ -183,8 +183,8 @@ def quantize_model(
     SchemeError
         A scheme with no compressed-tensors format (the message lists those that map).
     ShapeError
-        A source that is not a safetensors model folder, a destination in use, or a
-        ``max_shard_size`` that is not a size.
+        A source that is not a safetensors model folder or is quantized already, a destination
+        in use, or a ``max_shard_size`` that is not a size.
 
     Examples
     --------
@@ -203,6 +203,15 @@ def quantize_model(
         raise ShapeError(msg)
     shards, indexed = ([source.name], False) if single else weight_files(source)
     folder = source.parent if single else source
+    existing = None if single else quantization_config_of(source)
+    if existing is not None:  # its entries are codes already: a new config would misdescribe them
+        method = existing.get("quant_method", "unknown")
+        msg = (
+            f"{source} is already quantized (its config.json has a quantization_config, quant_method "
+            f"{method!r}); quantize the float model, or turn this one back into floats first with "
+            "arrayquant dequantize"
+        )
+        raise ShapeError(msg)
     _new_folder(target, "quantized")
     summary = ModelSummary(fmt)
     if not single:

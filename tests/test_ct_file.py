@@ -332,3 +332,32 @@ def test_aq_save_refuses_an_unknown_format(tmp_path: Path) -> None:
     with pytest.raises(SchemeError, match=r"format 'gguf2' is not one aq\.save writes; use 'arrayquant' or"):
         aq.save(tmp_path / "w.safetensors", {"a": np.ones(2, np.float32)}, format="gguf2")
     assert not any(tmp_path.iterdir())
+
+
+def test_cli_reads_a_compressed_tensors_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect and dequantize take a compressed-tensors file; quantize refuses one (its weights are codes)."""
+    from arrayquant.cli import main
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    path = tmp_path / "ct.safetensors"
+    aq.save(path, {"fc.weight": aq.quantize(x, "mxfp8"), "fc.bias": x[0].copy()}, format="compressed-tensors")
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"fc\.weight\s+32x64\s+mxfp8\s", out)
+    assert "2 tensors, 1 quantized" in out
+    back = tmp_path / "float.safetensors"
+    assert main(["dequantize", str(path), str(back)]) == 0
+    assert "dequantized 1 weights" in capsys.readouterr().out
+    with safe_open(str(back), "np") as f:  # a plain float file any loader reads
+        assert sorted(f.keys()) == ["fc.bias", "fc.weight"]
+        np.testing.assert_array_equal(f.get_tensor("fc.weight"), aq.dequantize(aq.quantize(x, "mxfp8")))
+        np.testing.assert_array_equal(f.get_tensor("fc.bias"), x[0])
+    refusal = "is in compressed-tensors' layout: its weights are quantized already; quantize the float model"
+    assert main(["quantize", str(path), str(tmp_path / "q.safetensors"), "--scheme", "q8s"]) == 1
+    assert refusal in capsys.readouterr().err
+    args = ["quantize", str(path), str(tmp_path / "q"), "--scheme", "q8s:block32", "--format", "compressed-tensors"]
+    assert main(args) == 1
+    assert "is already quantized (it has a quantization_config" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
+    assert not (tmp_path / "q.safetensors").exists()

@@ -152,7 +152,7 @@ def test_destination_in_use_and_unmapped_scheme(tmp_path: Path) -> None:
     with pytest.raises(aq.ShapeError, match=r"holds neither model.safetensors nor"):
         quantize_model(tmp_path / "empty", tmp_path / "out2", "nvfp4")
     quantize_model(src, tmp_path / "q", "mxfp8")
-    already = r"is already quantized \(its config.json has a quantization_config, quant_method 'compressed-tensors'\)"
+    already = r"is already quantized \(it has a quantization_config, quant_method 'compressed-tensors'\)"
     with pytest.raises(aq.ShapeError, match=already + "; quantize the float model, or turn this one back"):
         quantize_model(tmp_path / "q", tmp_path / "qq", "nvfp4")
     assert not (tmp_path / "qq").exists()

@@ -30,6 +30,7 @@ from .backends import available, default, shim
 from .convert import asarray
 from .dequantize import dequantize
 from .errors import BackendUnavailableError, DeviceError, QuantizationError
+from .io.checkpoint import is_compressed_tensors
 from .metrics import error_report
 from .quantize import quantize
 from .scheme import QuantScheme
@@ -310,7 +311,7 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     d.set_defaults(
         func=lambda a: (
             commands.dequantize_model_folder(a.input, a.output, a.dtype)
-            if Path(a.input).is_dir()
+            if Path(a.input).is_dir() or is_compressed_tensors(Path(a.input))
             else commands.dequantize_checkpoint(a.input, a.output, a.dtype)
         )
     )

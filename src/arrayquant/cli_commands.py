@@ -37,7 +37,7 @@ from .errors import (
     ShapeError,
 )
 from .invariants import plan_for
-from .io.checkpoint import save_stream
+from .io.checkpoint import is_compressed_tensors, save_stream
 from .io.reader import _PLAIN, _SIBLINGS, Checkpoint, Entry, _ml_dtype
 from .metrics import ErrorMeter
 from .quantize import quantize
@@ -341,6 +341,12 @@ def quantize_checkpoint(
     tqdm = _tqdm()
     _output_folder(dst)
     _not_the_input(src, dst)
+    if Path(src).is_file() and is_compressed_tensors(Path(src)):  # codes under float-looking names
+        msg = (
+            f"IN {shown(src)} is in compressed-tensors' layout: its weights are quantized already; quantize "
+            "the float model, or turn this one back into floats first with arrayquant dequantize"
+        )
+        raise CommandError(msg)
     name = backend or default().name
     results: list[tuple[str, ErrorStats]] = []
     zeroed: dict[str, int] = {}
@@ -461,9 +467,11 @@ def quantize_model_folder(
 
 
 def dequantize_model_folder(src: str, dst: str, dtype: str | None = None) -> int:
-    """``arrayquant dequantize FOLDER OUT``: a compressed-tensors model folder back to a plain float folder."""
+    """``arrayquant dequantize IN OUT``: a compressed-tensors folder (or file) back to plain floats."""
     from .io.ct_model import dequantize_model
 
+    if Path(src).is_file():
+        _output_folder(dst)
     _not_the_input(src, dst)
     done = dequantize_model(src, dst, dtype)
     if not done.modules:
@@ -474,7 +482,8 @@ def dequantize_model_folder(src: str, dst: str, dtype: str | None = None) -> int
             f"dropped {len(done.dropped)} activation/KV-cache scales ({', '.join(kinds)}): only an engine "
             "that quantizes activations at run time uses them"
         )
-    print(f"dequantized {len(done.modules)} weights; wrote {shown(dst)}, a model folder without quantization_config")
+    what = "a model folder without quantization_config" if Path(src).is_dir() else "a float safetensors file"
+    print(f"dequantized {len(done.modules)} weights; wrote {shown(dst)}, {what}")
     return 0
 
 
@@ -516,7 +525,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 def inspect_checkpoint(path: str) -> int:
     """``arrayquant inspect``: a row per tensor (in natural name order) with its shape, scheme or
     dtype, bytes and scale range."""
-    if Path(path).is_dir():
+    if is_compressed_tensors(Path(path)):  # a folder, or a file in compressed-tensors' layout
         return _inspect_folder(path)
     rows = []
     total = quantized = 0
@@ -551,9 +560,9 @@ def _scale_span(qt: QuantizedTensor) -> str:
 
 
 def _inspect_folder(path: str) -> int:
-    """``arrayquant inspect FOLDER``: the tensors of a model folder, compressed-tensors weights by scheme."""
+    """``arrayquant inspect FOLDER``: the tensors of a model folder (or compressed-tensors file), weights by scheme."""
     from .io.ct_config import activation_notes
-    from .io.ct_model import iter_model, quantization_config_of
+    from .io.ct_model import iter_model, model_quantization_config
 
     rows: dict[str, list[str]] = {}
     total = quantized = 0
@@ -571,7 +580,7 @@ def _inspect_folder(path: str) -> int:
     table = [rows[n] for n in _order(rows)]
     print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], table, {3})))
     print(f"\n{len(table)} tensors, {quantized} quantized, {total / _MiB:.2f} MiB of tensor data")
-    qc = quantization_config_of(Path(path))
+    qc = model_quantization_config(path)
     notes = activation_notes(qc) if qc is not None else []
     if notes:
         print("the config also quantizes, at run time in the engine (not read by arrayquant, which reads weights):")

@@ -59,7 +59,7 @@ from .reader import (
 )
 from .regions import ChunkTarget, write_all
 
-__all__ = ["FORMAT_VERSION", "load", "read_header", "save", "save_stream"]
+__all__ = ["FORMAT_VERSION", "is_compressed_tensors", "load", "read_header", "save", "save_stream"]
 
 _Part = tuple[Any, str, list[int]]  # (bytes, a host array or a lazy source; header dtype; shape)
 
@@ -518,7 +518,7 @@ def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None
     _publish(Path(path), head, lambda _, tmp: _write(tmp, len(head), everything, offsets))
 
 
-def _compressed_tensors(path: Path) -> bool:
+def is_compressed_tensors(path: Path) -> bool:
     """A compressed-tensors model: a folder, or a file describing no arrayquant tensor that holds a
     ``quantization_config`` in its metadata or whose folder's config.json has a compressed-tensors one."""
     if path.is_dir():
@@ -572,7 +572,7 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None, device: An
     >>> str(aq.load(path, backend="numpy")["w"].scheme)
     'nf4'
     """
-    if _compressed_tensors(Path(path)):
+    if is_compressed_tensors(Path(path)):
         from .ct_model import load_model
 
         return load_model(path, backend=backend, device=device)

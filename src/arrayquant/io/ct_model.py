@@ -50,6 +50,7 @@ __all__ = [
     "dequantize_model",
     "iter_model",
     "load_model",
+    "model_quantization_config",
     "parse_size",
     "quantization_config_of",
     "quantize_model",
@@ -203,13 +204,12 @@ def quantize_model(
         raise ShapeError(msg)
     shards, indexed = ([source.name], False) if single else weight_files(source)
     folder = source.parent if single else source
-    existing = None if single else quantization_config_of(source)
+    existing = model_quantization_config(source)
     if existing is not None:  # its entries are codes already: a new config would misdescribe them
         method = existing.get("quant_method", "unknown")
         msg = (
-            f"{source} is already quantized (its config.json has a quantization_config, quant_method "
-            f"{method!r}); quantize the float model, or turn this one back into floats first with "
-            "arrayquant dequantize"
+            f"{source} is already quantized (it has a quantization_config, quant_method {method!r}); "
+            "quantize the float model, or turn this one back into floats first with arrayquant dequantize"
         )
         raise ShapeError(msg)
     _new_folder(target, "quantized")
@@ -369,6 +369,27 @@ def quantization_config_of(folder: Path) -> dict[str, Any] | None:
     return qc
 
 
+def model_quantization_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``quantization_config`` that describes ``path``; None for a float model.
+
+    For a folder, its ``config.json``'s. For a file, the ``config.json`` beside it when that has
+    one, else the one in the file's own metadata (as ``aq.save(..., format="compressed-tensors")``
+    writes it).
+
+    Raises
+    ------
+    CorruptDataError
+        A config that is not JSON, or a ``quantization_config`` that is not an object.
+    """
+    path = Path(path)
+    qc = quantization_config_of(path if path.is_dir() else path.parent)
+    if qc is None and not path.is_dir():
+        from .ct_file import file_quantization_config
+
+        qc = file_quantization_config(path)
+    return qc
+
+
 def _group_for(module: str, groups: list[tuple[str, list[str], dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
     """The (format, weight arguments) of the config group that ``module`` belongs to."""
     if len(groups) == 1:
@@ -429,11 +450,7 @@ def iter_model(
     """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
-    qc = quantization_config_of(folder)
-    if qc is None and not path.is_dir():  # a file written by aq.save(format="compressed-tensors")
-        from .ct_file import file_quantization_config
-
-        qc = file_quantization_config(path)
+    qc = model_quantization_config(path)
     groups = [] if qc is None else weight_groups(qc)
     files = weight_files(folder)[0] if path.is_dir() else [path.name]
     opened = [SafetensorsFile(folder / f) for f in files]
@@ -495,62 +512,73 @@ class Dequantized(NamedTuple):
 
 
 def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None) -> Dequantized:
-    """Write a compressed-tensors model folder back as a plain float folder.
+    """Write a compressed-tensors model folder (or file) back as a plain float folder (or file).
 
     Every file but the weights is copied, ``config.json`` without its ``quantization_config``;
     each shard is rewritten tensor by tensor with the quantized weights dequantized to ``dtype``
     (default: the model's ``torch_dtype``/``dtype`` from its config, else float32) under their
     ``.weight`` names, other tensors copied as stored, and the index maps them. Scales of
     activation or KV-cache quantization (``input_scale``, ``input_global_scale``, ``k_scale``,
-    ...) are dropped: without the ``quantization_config`` no loader uses them.
+    ...) are dropped: without the ``quantization_config`` no loader uses them. A single file
+    (with its config beside it or in its metadata) gives a single float file ``dst``.
 
     Raises
     ------
     ShapeError
-        A destination in use, or a source that is not a model folder.
+        A destination in use, or a source that is neither a model folder nor a file.
     CorruptDataError, SchemeError
         As :func:`load_model`.
     """
-    from ..dequantize import dequantize
-
     source, target = Path(src), Path(dst)
-    if not source.is_dir():
-        msg = f"{source} is not a model folder"
+    if not source.exists():
+        msg = f"{source} is neither a model folder nor a .safetensors file"
         raise ShapeError(msg)
-    shards, indexed = weight_files(source)
-    config_path = source / CONFIG
+    folder = source if source.is_dir() else source.parent
+    config_path = folder / CONFIG
     config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
     out_dtype = _float_dtype(dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32"))
-    quantized_model = isinstance(config.get("quantization_config"), dict)
+    quantized_model = model_quantization_config(source) is not None
+    result = Dequantized([], [])
+    if source.is_file():  # one file in, one file out
+        tensors = iter_model(source, passthrough=True)
+        save_stream(target, _float_items(tensors, out_dtype, quantized_model, result, {}), metadata={"format": "pt"})
+        return result
+    shards, indexed = weight_files(source)
     _new_folder(target, "dequantized")
     _copy_other_files(source, target, shards)
-    result = Dequantized([], [])
-    weight_map: dict[str, str] = {}
-    sizes = 0
-
-    def items(group: Iterator[tuple[str, str, Any]]) -> Iterator[tuple[str, Any]]:
-        nonlocal sizes
-        for shard, key, tensor in group:
-            if isinstance(tensor, QuantizedTensor):
-                tensor = np.asarray(dequantize(tensor, out_dtype))  # saturating at the dtype's maximum
-                result.modules.append(key.removesuffix(".weight"))
-            elif quantized_model and key.rpartition(".")[2] in ACTIVATION_PARTS:
-                result.dropped.append(key)
-                continue
-            weight_map[key] = shard
-            sizes += tensor.nbytes
-            yield key, tensor
-            del tensor
-
+    where: dict[str, tuple[str, int]] = {}  # entry -> (shard, bytes)
     # one pass over the model, tensor by tensor; each shard is written as its tensors come
     for shard, group in itertools.groupby(iter_model(source, passthrough=True), key=lambda t: t[0]):
-        save_stream(target / shard, items(group), metadata={"format": "pt"})
+        items = _float_items(group, out_dtype, quantized_model, result, where)
+        save_stream(target / shard, items, metadata={"format": "pt"})
     if indexed:
-        _write_index(target, weight_map, sizes)
+        _write_index(target, {k: s for k, (s, _) in where.items()}, sum(n for _, n in where.values()))
     config.pop("quantization_config", None)
     if config or config_path.is_file():
         (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return result
+
+
+def _float_items(
+    tensors: Iterator[tuple[str, str, Any]],
+    dtype: np.dtype[Any],
+    drop_activations: bool,
+    result: Dequantized,
+    where: dict[str, tuple[str, int]],
+) -> Iterator[tuple[str, Any]]:
+    """The entries of a float model: weights dequantized, activation scales dropped, the rest as stored."""
+    from ..dequantize import dequantize
+
+    for shard, key, tensor in tensors:
+        if isinstance(tensor, QuantizedTensor):
+            tensor = np.asarray(dequantize(tensor, dtype))  # saturating at the dtype's maximum
+            result.modules.append(key.removesuffix(".weight"))
+        elif drop_activations and key.rpartition(".")[2] in ACTIVATION_PARTS:
+            result.dropped.append(key)
+            continue
+        where[key] = (shard, tensor.nbytes)
+        yield key, tensor
+        del tensor
 
 
 def _float_dtype(name: str) -> np.dtype[Any]:

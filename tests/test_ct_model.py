@@ -188,7 +188,7 @@ def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["quantize", str(src), str(tmp_path / "a"), "--scheme", "q8s:block16:ue4m3:tensor:f32"]) == 1
     err = capsys.readouterr().err
     assert "has no compressed-tensors format; the schemes that map are: nvfp4" in err
-    assert "(--format arrayquant)" in err
+    assert "(arrayquant quantize on a .safetensors file, --format arrayquant)" in err
     assert not (tmp_path / "a").exists()
     assert main(["quantize", str(src), str(tmp_path / "b"), "--scheme", "q8s", "--format", "arrayquant"]) == 1
     assert "is a model folder: write it with --format compressed-tensors" in capsys.readouterr().err

@@ -462,6 +462,9 @@ def quantize_model_folder(
         print(f"  left in float: {shown(module)} ({why})")
     if summary.copied_files:
         print(f"copied {len(summary.copied_files)} other files: {', '.join(map(shown, summary.copied_files))}")
+    if summary.skipped_files:
+        names = ", ".join(map(shown, summary.skipped_files))
+        print(f"not copied: {names} (float weights in another format, which an engine could load instead)")
     print(f"wrote {shown(dst)} ({len(summary.shards)} weight file(s), config.json with its quantization_config)")
     return 0
 
@@ -566,16 +569,16 @@ def _inspect_folder(path: str) -> int:
 
     rows: dict[str, list[str]] = {}
     total = quantized = 0
-    for _, name, tensor in iter_model(path):
+    for _, name, tensor in iter_model(path, passthrough=True):  # plain tensors described, not read
         if isinstance(tensor, QuantizedTensor):
             nbytes = tensor.nbytes
             rows[name] = [shown(name), "x".join(map(str, tensor.shape)), str(tensor.scheme), f"{nbytes:,}"]
             rows[name].append(_scale_span(tensor))
             quantized += 1
         else:
-            nbytes = tensor.nbytes
-            shape = "x".join(map(str, tensor.shape)) or "()"
-            rows[name] = [shown(name), shape, str(tensor.dtype), f"{nbytes:,}", "-"]
+            nbytes, e = tensor.nbytes, tensor.entry
+            shape = "x".join(map(str, e.shape)) or "()"
+            rows[name] = [shown(name), shape, _PLAIN[e.dtype][1], f"{nbytes:,}", "-"]
         total += nbytes
     table = [rows[n] for n in _order(rows)]
     print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], table, {3})))

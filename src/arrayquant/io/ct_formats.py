@@ -103,7 +103,8 @@ def weight_format(scheme: QuantScheme, shape: tuple[int, ...] | None = None) -> 
     msg = (
         f"scheme {scheme} has no compressed-tensors format; the schemes that map are: "
         + "; ".join(MAPPED)
-        + ". Use arrayquant's own checkpoint layout (--format arrayquant) for the others"
+        + ". Use arrayquant's own checkpoint layout for the others (arrayquant quantize on a .safetensors file, "
+        "--format arrayquant)"
     )
     raise SchemeError(msg)
 

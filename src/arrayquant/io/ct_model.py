@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import CorruptDataError, QuantizationError, SchemeError, ShapeError
+from ..errors import CorruptDataError, SchemeError, ShapeError
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
 from .checkpoint import save_stream
@@ -61,7 +62,7 @@ CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 _FLOATS = ("F32", "F16", "BF16", "F64")
-_SKIP_NAMES = ("embed", "lm_head", "norm")
+_SKIP_NAMES = ("embed", "lm_head", "norm")  # in a name, as llm-compressor's default ignores them
 
 
 @dataclass
@@ -72,7 +73,29 @@ class ModelSummary:
     quantized: list[str] = field(default_factory=list)
     left_out: dict[str, str] = field(default_factory=dict)  # module -> reason
     copied_files: list[str] = field(default_factory=list)
+    skipped_files: list[str] = field(default_factory=list)  # float weights of other formats, not copied
     shards: list[str] = field(default_factory=list)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON in ``path`` (UTF-8, as Hugging Face writes it); :class:`CorruptDataError` if it is not."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        msg = f"{path} is not JSON ({what}): {exc}"
+        raise CorruptDataError(msg) from None
+
+
+def _model_config(folder: Path) -> dict[str, Any]:
+    """The folder's ``config.json`` as a dict; ``{}`` without one."""
+    path = folder / CONFIG
+    if not path.is_file():
+        return {}
+    config = _read_json(path, "a model config")
+    if not isinstance(config, dict):
+        msg = f"{path} holds a JSON {type(config).__name__}, not the object of a model config"
+        raise CorruptDataError(msg)
+    return config
 
 
 def weight_files(folder: Path) -> tuple[list[str], bool]:
@@ -82,13 +105,16 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
     ------
     ShapeError
         A folder with no ``model.safetensors`` and no index (the model must be in safetensors).
+    CorruptDataError
+        An index that is not JSON or has no ``weight_map``.
     """
     index = folder / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        found = _read_json(index, "a safetensors index")
+        weight_map = found.get("weight_map") if isinstance(found, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             msg = f"{index} has no weight_map; it is not a safetensors index"
-            raise ShapeError(msg)
+            raise CorruptDataError(msg)
         return list(dict.fromkeys(str(v) for v in weight_map.values())), True
     if (folder / SINGLE).is_file():
         return [SINGLE], False
@@ -96,46 +122,99 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
     raise ShapeError(msg)
 
 
-def _new_folder(target: Path, what: str) -> None:
-    """Create ``target``, which must not exist or be an empty folder (a model is never written over)."""
+def _check_target(source: Path, target: Path, what: str) -> None:
+    """``target`` must not exist (or be an empty folder) and must not lie inside ``source``."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         msg = f"{target} exists and is not an empty folder; name a new folder for the {what} model"
         raise ShapeError(msg)
-    target.mkdir(parents=True, exist_ok=True)
+    if source.is_dir() and target.resolve().is_relative_to(source.resolve()):
+        msg = f"{target} lies inside {source}; write the {what} model beside it, not into it"
+        raise ShapeError(msg)
 
 
-def _copy_other_files(source: Path, target: Path, shards: Sequence[str]) -> list[str]:
-    """Copy every file and folder of ``source`` but the weights, the index and the config; their names."""
-    copied = []
+@contextlib.contextmanager
+def _building(target: Path) -> Iterator[Path]:
+    """A hidden folder beside ``target`` that becomes it at the end, or is removed on failure.
+
+    A failed or interrupted run then leaves no half-written model behind to block the next one.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        yield tmp
+        umask = os.umask(0o22)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # a folder's usual mode, not mkdtemp's 0700
+        if target.is_dir():
+            target.rmdir()  # empty, as _check_target made sure
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# float weights in other formats, left behind: an engine could load them instead of, or beside,
+# the quantized shards (vLLM reads every *.safetensors of a folder without an index)
+_OTHER_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.gguf", "*.index.json")
+_NOT_WEIGHTS = ("training_args.bin",)  # pickled settings, not weights
+
+
+def _other_weights(name: str) -> bool:
+    return name not in _NOT_WEIGHTS and any(fnmatch.fnmatch(name, p) for p in _OTHER_WEIGHTS)
+
+
+def _copy_other_files(source: Path, target: Path, shards: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Copy every file and folder of ``source`` but the weights, the index and the config.
+
+    Returns the names copied and the weight files of other formats left out.
+    """
+    copied, skipped = [], []
     for item in sorted(source.iterdir()):
         if item.name in {*shards, INDEX, CONFIG}:
             continue
         if item.is_dir():
-            shutil.copytree(item, target / item.name)
+            left: list[str] = []
+
+            def ignore(folder: str, names: list[str], left: list[str] = left) -> list[str]:
+                out = [n for n in names if _other_weights(n) and not Path(folder, n).is_dir()]
+                left.extend(str(Path(folder, n).relative_to(source)) for n in out)
+                return out
+
+            shutil.copytree(item, target / item.name, ignore=ignore)
+            skipped.extend(left)
+        elif _other_weights(item.name):
+            skipped.append(item.name)
+            continue
         else:
             shutil.copy2(item, target / item.name)
         copied.append(item.name)
-    return copied
+    return copied, skipped
 
 
 def _write_index(target: Path, weight_map: dict[str, str], total: int) -> None:
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (target / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    (target / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
 def _module(name: str) -> str:
     return name[: -len(".weight")]
 
 
-def _candidate(name: str, dtype: str, shape: tuple[int, ...]) -> bool:
-    """A Linear weight by the naming rule: 2-d floating ``*.weight``, not an embedding, head or norm."""
+# embeddings and heads by name: GPT-2's wte/wpe, T5's shared and relative attention bias
+_SKIP_PARTS = frozenset({"wte", "wpe", "shared", "relative_attention_bias"})
+# models whose projections are Conv1D layers storing (in, out): compressed-tensors quantizes Linear only
+_CONV1D_MODELS = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
+
+
+def _skip_reason(name: str, shape: tuple[int, ...], vocab: int | None) -> str | None:
+    """Why a 2-d weight is not a ``Linear`` to quantize (embedding, head, norm), or None."""
     lowered = name.lower()
-    return (
-        name.endswith(".weight")
-        and dtype in _FLOATS
-        and len(shape) == 2
-        and not any(word in lowered for word in _SKIP_NAMES)
-    )
+    if any(word in lowered for word in _SKIP_NAMES) or _SKIP_PARTS.intersection(lowered.split(".")):
+        return "embedding, head or norm (left in float, as llm-compressor does)"
+    # outside the numbered layers, a weight with a row per token is an embedding or a head
+    if vocab is not None and shape[0] == vocab and not any(part.isdigit() for part in name.split(".")):
+        return f"{vocab} rows, the vocabulary size, outside the layers: an embedding or output head (left in float)"
+    return None
 
 
 def _chosen(name: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
@@ -212,41 +291,73 @@ def quantize_model(
             "quantize the float model, or turn this one back into floats first with arrayquant dequantize"
         )
         raise ShapeError(msg)
-    _new_folder(target, "quantized")
+    config = {} if single else _model_config(source)
+    if config.get("model_type") in _CONV1D_MODELS:
+        msg = (
+            f"{source} is a {config['model_type']} model, whose projections are Conv1D layers storing weights "
+            "as (in, out); compressed-tensors quantizes Linear layers only, so engines would not load them"
+        )
+        raise ShapeError(msg)
+    vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
+    rule = _Rule(plan_scheme, include, exclude, vocab)
+    _check_target(source, target, "quantized")
     summary = ModelSummary(fmt)
-    if not single:
-        summary.copied_files = _copy_other_files(source, target, shards)
-    formats: dict[str, tuple[str, dict[str, Any]]] = {}  # module -> its weight's format and arguments
-    written: list[tuple[str, dict[str, int]]] = []  # output shard -> its entries' sizes
+    with _building(target) as out_dir:
+        if not single:
+            summary.copied_files, summary.skipped_files = _copy_other_files(source, out_dir, shards)
+        mods, written = _write_shards(folder, shards, out_dir, single, limit, summary, progress, rule)
+        summary.shards = [out for out, _ in written]
+        if len(written) > 1 if limit is not None else indexed:  # size-cut shards get an index when several
+            weight_map = {key: out for out, sizes in written for key in sizes}
+            _write_index(out_dir, weight_map, sum(sum(sizes.values()) for _, sizes in written))
+        ignore = sorted({*summary.left_out, "lm_head"})
+        # one group for the whole model, or one per kind when weights of different widths differ in strategy
+        config["quantization_config"] = (
+            modules_quantization_config(mods, ignore) if mods else quantization_config(fmt, args, ignore)
+        )
+        (out_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return summary
+
+
+class _Rule(NamedTuple):
+    """Which tensors are quantized, and how."""
+
+    scheme: QuantScheme
+    include: Sequence[str]
+    exclude: Sequence[str]
+    vocab: int | None
+
+
+def _write_shards(
+    folder: Path,
+    shards: Sequence[str],
+    out_dir: Path,
+    single: bool,
+    limit: int | None,
+    summary: ModelSummary,
+    progress: Callable[[str], None] | None,
+    rule: _Rule,
+) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[tuple[str, dict[str, int]]]]:
+    """Write the output shards; each quantized module's (format, arguments) and each shard's entry sizes."""
+    formats: dict[str, tuple[str, dict[str, Any]]] = {}
+    written: list[tuple[str, dict[str, int]]] = []
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(SafetensorsFile(folder / shard)) for shard in shards]
-        streams = (_shard_items(st, plan_scheme, include, exclude, summary, formats, progress) for st in files)
+        streams = (_shard_items(st, rule, summary, formats, progress) for st in files)
         if limit is None:  # shard for shard, under the input's names
-            outputs: Iterator[tuple[str, Iterator[tuple[str, Any]]]] = zip(
-                [SINGLE] if single else shards, streams, strict=True
-            )
+            names = [SINGLE] if single else list(shards)  # a lone file becomes the folder's model.safetensors
+            outputs: Iterator[tuple[str, Iterator[tuple[str, Any]]]] = zip(names, streams, strict=True)
         else:  # cut by size, named once their number is known
             parts = _split(itertools.chain.from_iterable(streams), limit)
             outputs = ((f".part-{k:05d}.safetensors", part) for k, part in enumerate(parts))
         for out, items in outputs:
             sizes: dict[str, int] = {}
             # one tensor read, quantized and written at a time
-            save_stream(target / out, _recorded(items, sizes), metadata={"format": "pt"})  # transformers needs "pt"
+            save_stream(out_dir / out, _recorded(items, sizes), metadata={"format": "pt"})  # transformers needs "pt"
             written.append((out, sizes))
     if limit is not None:
-        written, indexed = _rename_parts(target, written), len(written) > 1
-    weight_map = {key: out for out, sizes in written for key in sizes}
-    summary.shards = [out for out, _ in written]
-    if indexed:
-        _write_index(target, weight_map, sum(sum(sizes.values()) for _, sizes in written))
-    ignore = sorted({*summary.left_out, "lm_head"})
-    config_path = folder / CONFIG
-    config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() and not single else {}
-    # one group for the whole model, or one per kind when weights of different widths differ in strategy
-    qc = modules_quantization_config(formats, ignore) if formats else quantization_config(fmt, args, ignore)
-    config["quantization_config"] = qc
-    (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return summary
+        written = _rename_parts(out_dir, written)
+    return formats, written
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -311,9 +422,7 @@ def _recorded(pairs: Iterator[tuple[str, Any]], sizes: dict[str, int]) -> Iterat
 
 def _shard_items(
     st: SafetensorsFile,
-    scheme: QuantScheme,
-    include: Sequence[str],
-    exclude: Sequence[str],
+    rule: _Rule,
     summary: ModelSummary,
     formats: dict[str, tuple[str, dict[str, Any]]],
     progress: Callable[[str], None] | None,
@@ -322,28 +431,27 @@ def _shard_items(
     for name, entry in st.entries.items():
         if progress is not None:
             progress(name)
-        if not _candidate(name, entry.dtype, entry.shape):
-            if len(entry.shape) == 2 and name.endswith(".weight"):
-                summary.left_out[_module(name)] = "embedding, head or norm (left in float, as llm-compressor does)"
+        if not (name.endswith(".weight") and entry.dtype in _FLOATS and len(entry.shape) == 2):
             yield name, st.passthrough(name)  # copied as stored, never whole in memory
             continue
-        if not _chosen(name, include, exclude):
-            summary.left_out[_module(name)] = "not selected by --include/--exclude"
+        why = _skip_reason(name, entry.shape, rule.vocab)
+        if why is None and not _chosen(name, rule.include, rule.exclude):
+            why = "not selected by --include/--exclude"
+        if why is not None:
+            summary.left_out[_module(name)] = why
             yield name, st.passthrough(name)
             continue
         try:
             # a row slab at a time: the float weight is never whole in memory, only its entries
-            entries = quantize_entry(st, name, scheme, _module(name))
-        except (ShapeError, SchemeError) as exc:
+            entries = quantize_entry(st, name, rule.scheme, _module(name))
+        except (ShapeError, SchemeError) as exc:  # the format cannot hold it: left in float, in `ignore`
             summary.left_out[_module(name)] = f"shape {list(entry.shape)} does not fit the format: {exc}"
             yield name, st.passthrough(name)
             continue
-        except QuantizationError as exc:
-            summary.left_out[_module(name)] = f"could not be quantized: {exc}"
-            yield name, st.passthrough(name)
-            continue
+        # anything else (NaN or infinity in the weight, ...) stops the run: an engine would fail on a
+        # layer left in float beside its quantized siblings
         summary.quantized.append(_module(name))
-        formats[_module(name)] = weight_format(scheme, entry.shape)
+        formats[_module(name)] = weight_format(rule.scheme, entry.shape)
         yield from entries.items()
         del entries
 
@@ -354,17 +462,9 @@ _PARTS = ("weight_packed", "weight_scale", "weight_global_scale", "weight_shape"
 
 def quantization_config_of(folder: Path) -> dict[str, Any] | None:
     """The ``quantization_config`` of the ``config.json`` in ``folder``; None for a model without one."""
-    path = folder / CONFIG
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (UnicodeDecodeError, ValueError) as exc:
-        msg = f"{path} is not JSON: {exc}"
-        raise CorruptDataError(msg) from None
-    qc = config.get("quantization_config") if isinstance(config, dict) else None
+    qc = _model_config(folder).get("quantization_config")
     if qc is not None and not isinstance(qc, dict):
-        msg = f"{path} has a quantization_config that is not an object"
+        msg = f"{folder / CONFIG} has a quantization_config that is not an object"
         raise CorruptDataError(msg)
     return qc
 
@@ -372,9 +472,8 @@ def quantization_config_of(folder: Path) -> dict[str, Any] | None:
 def model_quantization_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The ``quantization_config`` that describes ``path``; None for a float model.
 
-    For a folder, its ``config.json``'s. For a file, the ``config.json`` beside it when that has
-    one, else the one in the file's own metadata (as ``aq.save(..., format="compressed-tensors")``
-    writes it).
+    For a folder, its ``config.json``'s. For a file, the one in its own metadata (as
+    ``aq.save(..., format="compressed-tensors")`` writes it), else the ``config.json`` beside it.
 
     Raises
     ------
@@ -382,12 +481,12 @@ def model_quantization_config(path: str | os.PathLike[str]) -> dict[str, Any] | 
         A config that is not JSON, or a ``quantization_config`` that is not an object.
     """
     path = Path(path)
-    qc = quantization_config_of(path if path.is_dir() else path.parent)
-    if qc is None and not path.is_dir():
-        from .ct_file import file_quantization_config
+    if path.is_dir():
+        return quantization_config_of(path)
+    from .ct_file import file_quantization_config
 
-        qc = file_quantization_config(path)
-    return qc
+    own = file_quantization_config(path)
+    return own if own is not None else quantization_config_of(path.parent)
 
 
 def _group_for(module: str, groups: list[tuple[str, list[str], dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
@@ -446,15 +545,22 @@ def iter_model(
     ``tensor`` is a NumPy array as stored (with ``passthrough``, a
     :class:`~arrayquant.io.reader.Passthrough` for a writer to copy), or for a compressed-tensors
     weight a :class:`QuantizedTensor` (on ``backend``) named ``<module>.weight`` and placed in the
-    shard of its ``weight_scale`` entry. Raises as :func:`load_model`.
+    shard of its ``weight_scale`` entry. Given one shard of an indexed folder, the other shards
+    are searched for the entries of its modules that were written beside them, and a module is
+    yielded with the shard holding its ``weight_scale``. Raises as :func:`load_model`.
     """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     qc = model_quantization_config(path)
     groups = [] if qc is None else weight_groups(qc)
     files = weight_files(folder)[0] if path.is_dir() else [path.name]
-    opened = [SafetensorsFile(folder / f) for f in files]
+    if not path.is_dir() and (folder / INDEX).is_file():
+        shards = weight_files(folder)[0]
+        if path.name in shards:  # one shard: a module's entries may lie in its neighbours
+            files = [path.name, *(f for f in shards if f != path.name)]
+    opened: list[SafetensorsFile] = []
     try:
+        opened.extend(SafetensorsFile(folder / f) for f in files)
         where: dict[str, SafetensorsFile] = {}
         for st in opened:
             where.update(dict.fromkeys(st.entries, st))
@@ -464,13 +570,20 @@ def iter_model(
             if part in _PARTS:
                 parts.setdefault(module, []).append(name)
         quantized = {m for m, names in parts.items() if f"{m}.weight_scale" in names}
+        orphans = [n for m, names in parts.items() if m not in quantized for n in names if not n.endswith(".weight")]
+        if orphans:
+            msg = (
+                f"{path} holds {orphans[0]!r} but no {orphans[0].rpartition('.')[0]!r}.weight_scale to decode it "
+                "with; a shard of a model is read with its folder (pass the folder, or keep its index beside it)"
+            )
+            raise CorruptDataError(msg)
         if quantized and not groups:
             msg = (
                 f"{folder} holds quantized weights (e.g. {min(quantized)!r}.weight_scale) but no "
                 f"{CONFIG} with a quantization_config to say how they decode"
             )
             raise CorruptDataError(msg)
-        for st in opened:
+        for st in opened if path.is_dir() else opened[:1]:
             for name in st.entries:
                 module, _, part = name.rpartition(".")
                 if module in quantized and part in _PARTS:
@@ -535,27 +648,31 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
         raise ShapeError(msg)
     folder = source if source.is_dir() else source.parent
     config_path = folder / CONFIG
-    config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config = _model_config(folder)
     out_dtype = _float_dtype(dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32"))
     quantized_model = model_quantization_config(source) is not None
     result = Dequantized([], [])
     if source.is_file():  # one file in, one file out
+        if target.is_dir():
+            msg = f"{target} is a folder; name the float .safetensors file to write"
+            raise ShapeError(msg)
         tensors = iter_model(source, passthrough=True)
         save_stream(target, _float_items(tensors, out_dtype, quantized_model, result, {}), metadata={"format": "pt"})
         return result
     shards, indexed = weight_files(source)
-    _new_folder(target, "dequantized")
-    _copy_other_files(source, target, shards)
-    where: dict[str, tuple[str, int]] = {}  # entry -> (shard, bytes)
-    # one pass over the model, tensor by tensor; each shard is written as its tensors come
-    for shard, group in itertools.groupby(iter_model(source, passthrough=True), key=lambda t: t[0]):
-        items = _float_items(group, out_dtype, quantized_model, result, where)
-        save_stream(target / shard, items, metadata={"format": "pt"})
-    if indexed:
-        _write_index(target, {k: s for k, (s, _) in where.items()}, sum(n for _, n in where.values()))
-    config.pop("quantization_config", None)
-    if config or config_path.is_file():
-        (target / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _check_target(source, target, "dequantized")
+    with _building(target) as out_dir:
+        _copy_other_files(source, out_dir, shards)
+        where: dict[str, tuple[str, int]] = {}  # entry -> (shard, bytes)
+        # one pass over the model, tensor by tensor; each shard is written as its tensors come
+        for shard, group in itertools.groupby(iter_model(source, passthrough=True), key=lambda t: t[0]):
+            items = _float_items(group, out_dtype, quantized_model, result, where)
+            save_stream(out_dir / shard, items, metadata={"format": "pt"})
+        if indexed:
+            _write_index(out_dir, {k: s for k, (s, _) in where.items()}, sum(n for _, n in where.values()))
+        config.pop("quantization_config", None)
+        if config or config_path.is_file():
+            (out_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return result
 
 

@@ -12,6 +12,9 @@ reproducer (:func:`reproducer`). Targets:
   through ``cli.main`` with a strict UTF-8 stdout, expecting exit 0 or 1 and no traceback;
 - ``nvfp4``: ``read_nvfp4`` of a mutated compressed-tensors file or of a mapping of arrays of
   any dtype, shape and layout, or of things that are not arrays;
+- ``gguf``, ``burnpack``: ``aq.load`` (the format found from the content) of a mutated GGUF or
+  Burnpack file written by arrayquant, every tensor checked; on every fourth case also
+  ``arrayquant inspect`` and ``dequantize``;
 - ``bytes``: ``aq.from_bytes(buf, scheme, shape)`` + ``aq.dequantize`` with random scheme text
   (block extents up to 2**64 and 5,000 digits, 70-dimensional blocks, two levels, every scale
   dtype, lookup, stores), random shapes (rank 0 to 70, zero and huge extents, non-int extents)
@@ -65,7 +68,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("load", "cli", "nvfp4", "bytes", "quantize")
+TARGETS = ("load", "cli", "nvfp4", "bytes", "quantize", "gguf", "burnpack")
+FILE_TARGETS = ("gguf", "burnpack")  # files of these formats, mutated and read through aq.load
 SLOW_S = 5.0  # a case over this is a failure
 ABORT_S = 10  # ... and is aborted here (SIGALRM)
 HARD_S = 60.0  # the parent kills a worker that has not answered by then
@@ -278,6 +282,53 @@ NVFP4_SHAPES = [(2, 32), (1, 16), (3, 64), (2, 2, 16)]
 
 
 @cache
+@cache
+def format_bases(target: str) -> tuple[bytes, ...]:
+    """Valid GGUF or Burnpack files written by arrayquant: quantized tensors the format holds, and plain ones."""
+    import numpy as np
+
+    import arrayquant as aq
+
+    x = _x((4, 256), 3)
+    plain = {"norm.weight": np.linspace(-1, 1, 8, dtype=np.float32), "ids": np.arange(6, dtype=np.int32)}
+    if target == "gguf":
+        sets = [
+            {"blk.0.attn_q.weight": aq.quantize(x, "q8_0"), **plain},
+            {"blk.0.ffn_up.weight": aq.quantize(x, "mxfp4"), "blk.0.ffn_down.weight": aq.quantize(x, "tq2_0")},
+            {"w": aq.quantize(x, "e2m1:block16:ue4m3:packed_native"), "b": x[0].astype(np.float16)},
+        ]
+        options: dict[str, Any] = {"metadata": {"general.name": "fuzz", "tokenizer.ggml.tokens": ["a", "b"]}}
+    else:
+        sets = [
+            {"w": aq.quantize(x, "q8s"), **plain},
+            {"a": aq.quantize(x, "q4s:block32:f16"), "b": aq.quantize(x, "nvfp4"), "c": aq.quantize(x, "mxfp8")},
+        ]
+        options = {"metadata": {"model": "fuzz"}}
+    out = []
+    with tempfile.TemporaryDirectory() as folder:
+        for i, tensors in enumerate(sets):
+            path = Path(folder) / f"{i}.{target}"
+            aq.save(path, tensors, format=target, **options)
+            out.append(path.read_bytes())
+    return tuple(out)
+
+
+def binary_mutation(r: random.Random, blob: bytes) -> tuple[str, bytes]:
+    """1-3 edits of a binary file: byte edits, a lying count or offset, a cut."""
+    kinds = []
+    for _ in range(r.choice([1, 1, 2, 3])):
+        if r.random() < 0.4 and len(blob) >= 16:
+            at = r.randrange(len(blob) - 8)
+            width = r.choice([2, 4, 8])
+            lie = r.choice([0, 1, 2**31, 2**32 - 1, 2**32 + 1, 2**62, 2**64 - 1, r.randrange(2**64)]) % 2 ** (8 * width)
+            blob = blob[:at] + lie.to_bytes(width, "little") + blob[at + width :]
+            kinds.append("count-lie")
+        else:
+            kind, blob = bytes_mutation(r, blob)
+            kinds.append(kind)
+    return "+".join(kinds), blob
+
+
 def nvfp4_bases() -> tuple[tuple[str, dict[str, Any]], ...]:
     """``write_nvfp4`` outputs (uint8 scale codes), named ``fc``, ``""`` and a dotted prefix."""
     import arrayquant as aq
@@ -743,6 +794,10 @@ def make_case(target: str, seed: int) -> Case:
         base = r.choice(checkpoint_bases())
         kind, blob = mutate_file(r, base) if r.random() < 0.97 else ("base", base)
         return Case(target, seed, kind, blob, cli=target == "cli" and seed % 4 == 0)
+    if target in FILE_TARGETS:
+        base = r.choice(format_bases(target))
+        kind, blob = binary_mutation(r, base) if r.random() < 0.97 else ("base", base)
+        return Case(target, seed, kind, blob, cli=seed % 4 == 0)
     if target == "nvfp4":
         return _nvfp4_case(r, seed)
     if target == "bytes":
@@ -1108,6 +1163,20 @@ def execute(case: Case, workdir: Path, ns: dict[str, Any]) -> tuple[str, dict[st
     """Run ``case``; returns the outcome and extra counters, or raises what escaped the library."""
     lib = _library_errors()
     extra: dict[str, int] = {}
+    if case.target in FILE_TARGETS:
+        path = workdir / f"case.{case.target}"
+        path.write_bytes(case.blob)
+        outcome = _outcome_of(lambda: read_load(path), lib)
+        if case.cli:
+            codes = [
+                run_cli(["inspect", str(path)]),
+                run_cli(["dequantize", str(path), str(workdir / "out.safetensors")]),
+            ]
+            for cmd, rc in zip(("inspect", "dequantize"), codes, strict=True):
+                extra[f"cli {cmd} exit {rc}"] = 1
+            if outcome == "loaded-correct" and codes != [0, 0]:
+                raise Inconsistent(f"aq.load accepts the file but inspect/dequantize exit {codes}")
+        return outcome, extra
     if case.target in ("load", "cli"):
         path = workdir / "case.safetensors"
         path.write_bytes(case.blob)
@@ -1516,9 +1585,9 @@ def reproducer(case: Case) -> str:
     """Stand-alone Python that does what ``case`` does (the checks of an accepted result left out)."""
     head = "import array, base64, zlib\nfrom math import inf, nan\n"
     head += "import ml_dtypes, numpy as np\nimport arrayquant as aq\n"
-    if case.target in ("load", "cli") or not case.source:
+    if case.target in ("load", "cli", *FILE_TARGETS) or not case.source:
         head += f"blob = {_blob_expr(case.blob)}\nopen('case.safetensors', 'wb').write(blob)\n"
-        if case.target == "load":
+        if case.target in ("load", *FILE_TARGETS):  # aq.load finds the format from the content
             return (
                 head
                 + "for v in aq.load('case.safetensors', backend='numpy').values():\n"

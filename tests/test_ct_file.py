@@ -329,7 +329,10 @@ def test_aq_save_and_load_the_file_alone(tmp_path: Path) -> None:
 
 
 def test_aq_save_refuses_an_unknown_format(tmp_path: Path) -> None:
-    with pytest.raises(SchemeError, match=r"format 'gguf2' is not one aq\.save writes; use 'arrayquant' or"):
+    with pytest.raises(
+        SchemeError,
+        match=r"format 'gguf2' is not one aq\.save writes; use one of 'arrayquant', 'compressed-tensors', 'gguf'",
+    ):
         aq.save(tmp_path / "w.safetensors", {"a": np.ones(2, np.float32)}, format="gguf2")
     assert not any(tmp_path.iterdir())
 

@@ -482,7 +482,9 @@ def _assert_clean(tally: ft.Tally, cases: int) -> None:
     for target in ft.TARGETS:  # each target reaches both ends: accepted inputs and typed refusals
         counts = tally.per_target[target]
         assert counts["loaded-correct"] >= 0.02 * cases / len(ft.TARGETS), (target, counts)
-        assert sum(1 for k in counts if k.startswith("error ")) >= 3, (target, counts)
+        # the GGUF and Burnpack readers refuse most damage as one kind (corrupt data), some as a shape
+        kinds = 2 if target in ft.FILE_TARGETS else 3
+        assert sum(1 for k in counts if k.startswith("error ")) >= kinds, (target, counts)
     assert tally.extra, "the CLI commands ran on no case"
     if tally.failed:
         pytest.fail(f"{tally.failed} of {cases} fuzz cases failed\n{tally.report(examples=3)}", pytrace=False)

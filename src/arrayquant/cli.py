@@ -30,7 +30,7 @@ from .backends import available, default, shim
 from .convert import asarray
 from .dequantize import dequantize
 from .errors import BackendUnavailableError, DeviceError, QuantizationError
-from .io.checkpoint import is_compressed_tensors
+from .io.formats import detect
 from .metrics import error_report
 from .quantize import quantize
 from .scheme import QuantScheme
@@ -220,10 +220,22 @@ _SCHEME_HELP = (
 )
 
 
+def _out_format(kind: str, output: str) -> str:
+    """``--format`` by default: the input's own format, or for safetensors the output's suffix."""
+    if kind in ("gguf", "burnpack"):
+        return kind
+    return "burnpack" if Path(output).suffix.lower() == ".bpk" else "arrayquant"
+
+
 def _quantize(a: argparse.Namespace) -> int:
-    fmt = a.format or ("compressed-tensors" if Path(a.input).is_dir() else "arrayquant")
+    source = Path(a.input)
+    kind = detect(source) if source.exists() else "arrayquant"  # a missing IN is reported further on
+    if source.is_dir():
+        kind = "folder"
+    fmt = a.format or ("compressed-tensors" if kind == "folder" else _out_format(kind, a.output))
+    arrayquant_only = a.min_size or a.backend or a.device or a.nonfinite != "error"
     if fmt == "compressed-tensors":
-        if a.min_size or a.backend or a.device or a.nonfinite != "error":
+        if arrayquant_only:
             msg = "--min-size, --backend, --device and --nonfinite apply to --format arrayquant only"
             raise commands.CommandError(msg)
         return commands.quantize_model_folder(
@@ -238,13 +250,33 @@ def _quantize(a: argparse.Namespace) -> int:
     if a.max_shard_size is not None:
         msg = "--max-shard-size applies to --format compressed-tensors only (model folders)"
         raise commands.CommandError(msg)
-    if Path(a.input).is_dir():
+    if kind in ("gguf", "burnpack"):
+        if fmt != kind:
+            msg = (
+                f"IN {commands.shown(a.input)} is a {kind} file: quantize writes {kind} from it; turn it into "
+                "safetensors with arrayquant dequantize first"
+            )
+            raise commands.CommandError(msg)
+        if arrayquant_only:
+            msg = f"--min-size, --backend, --device and --nonfinite do not apply to {kind} files"
+            raise commands.CommandError(msg)
+        return commands.quantize_format_file(
+            kind, a.input, a.output, a.scheme, include=a.include, exclude=a.exclude, quiet=a.quiet
+        )
+    if fmt == "gguf":
+        msg = (
+            "GGUF files come from llama.cpp's converters (convert_hf_to_gguf.py), which add the model's "
+            "architecture and tokenizer; arrayquant re-quantizes a GGUF file given as IN"
+        )
+        raise commands.CommandError(msg)
+    if kind == "folder":
         msg = f"IN {commands.shown(a.input)} is a model folder: write it with --format compressed-tensors"
         raise commands.CommandError(msg)
     return commands.quantize_checkpoint(
         a.input,
         a.output,
         a.scheme,
+        out_format=fmt,
         include=a.include,
         exclude=a.exclude,
         min_size=a.min_size,
@@ -253,6 +285,15 @@ def _quantize(a: argparse.Namespace) -> int:
         quiet=a.quiet,
         nonfinite=a.nonfinite,
     )
+
+
+def _dequantize(a: argparse.Namespace) -> int:
+    kind = detect(a.input) if Path(a.input).exists() else "arrayquant"  # a missing IN is reported further on
+    if kind == "compressed-tensors":
+        return commands.dequantize_model_folder(a.input, a.output, a.dtype)
+    if kind in ("gguf", "burnpack"):
+        return commands.dequantize_file(a.input, a.output, a.dtype)
+    return commands.dequantize_checkpoint(a.input, a.output, a.dtype)
 
 
 def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -273,7 +314,9 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--format",
         choices=commands.FORMATS,
         help="arrayquant: one .safetensors file in arrayquant's layout; compressed-tensors: a model folder that "
-        "transformers and vLLM load (default: compressed-tensors when IN is a folder, else arrayquant)",
+        "transformers and vLLM load; gguf: a re-quantized GGUF (IN a .gguf); burnpack: a Burn .bpk file "
+        "(default: compressed-tensors for a folder, the input's own format for .gguf and .bpk, burnpack for "
+        "an OUT ending in .bpk, else arrayquant)",
     )
     q.add_argument("--scheme", required=True, help=_SCHEME_HELP)
     q.add_argument("--include", action="append", default=[], metavar="GLOB", help="quantize tensors named so (repeat)")
@@ -298,25 +341,22 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.set_defaults(func=_quantize)
     d = _subparser(sub, "dequantize", help="turn the quantized tensors of a checkpoint back into floats")
     d.add_argument(
-        "input", metavar="IN", help="quantized .safetensors file, or compressed-tensors model folder (never changed)"
+        "input",
+        metavar="IN",
+        help="quantized .safetensors file, compressed-tensors model folder, .gguf or .bpk file (never changed)",
     )
     d.add_argument(
         "output",
         metavar="OUT",
-        help="output .safetensors file of floats (written atomically; not IN), or a new folder for a folder IN",
+        help="output .safetensors file of floats (written atomically; not IN), or a new folder for a folder IN; "
+        "GGUF types without an arrayquant scheme are written as the float values gguf reads them as",
     )
     d.add_argument(
         "--dtype", choices=["float32", "float16", "bfloat16"], help="float dtype (default: each tensor's original)"
     )
-    d.set_defaults(
-        func=lambda a: (
-            commands.dequantize_model_folder(a.input, a.output, a.dtype)
-            if Path(a.input).is_dir() or is_compressed_tensors(Path(a.input))
-            else commands.dequantize_checkpoint(a.input, a.output, a.dtype)
-        )
-    )
+    d.set_defaults(func=_dequantize)
     i = _subparser(sub, "inspect", help="list the tensors of a checkpoint: shape, scheme or dtype, bytes, scales")
-    i.add_argument("file", metavar="FILE", help=".safetensors file, quantized or not")
+    i.add_argument("file", metavar="FILE", help=".safetensors file, model folder, .gguf or .bpk file")
     i.set_defaults(func=lambda a: commands.inspect_checkpoint(a.file))
     c = _subparser(sub, "compare", help="per-tensor SQNR and maximum error of a quantized checkpoint")
     c.add_argument("original", metavar="ORIGINAL", help="the float .safetensors checkpoint")

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import errno
 import fnmatch
+import itertools
 import math
 import os
 import re
@@ -55,10 +56,12 @@ __all__ = [
     "check_scheme",
     "compare_checkpoints",
     "dequantize_checkpoint",
+    "dequantize_file",
     "dequantize_model_folder",
     "inspect_checkpoint",
     "quantization_error",
     "quantize_checkpoint",
+    "quantize_format_file",
     "quantize_model_folder",
     "selected",
     "shown",
@@ -327,6 +330,7 @@ def quantize_checkpoint(
     device: Any = None,
     quiet: bool = False,
     nonfinite: str = "error",
+    out_format: str = "arrayquant",
 ) -> int:
     """``arrayquant quantize``: quantize the selected tensors of ``src`` into ``dst``, one at a time.
 
@@ -397,7 +401,12 @@ def quantize_checkpoint(
                         yield e.name, ck.array(e.name)
                     bar.update(e.nbytes)
 
-            save_stream(dst, items(), metadata=ck.user_metadata)
+            if out_format == "burnpack":  # a Burn-loadable file: the bridge from PyTorch/HF checkpoints
+                from .io.formats import format_module
+
+                format_module("burnpack").save_stream(dst, items(), metadata=ck.user_metadata)
+            else:
+                save_stream(dst, items(), metadata=ck.user_metadata)
     before, after = Path(src).stat().st_size, Path(dst).stat().st_size
     print(
         f"quantized {len(results)} of {len(ck.tensors)} tensors with {scheme} ({len(ck.tensors) - len(results)} copied)"
@@ -426,7 +435,7 @@ def _np_dtype(name: str) -> np.dtype[Any]:
     return np.dtype(name if name in ("float64", "float32", "float16") else "float32")
 
 
-FORMATS = ("arrayquant", "compressed-tensors")
+FORMATS = ("arrayquant", "compressed-tensors", "gguf", "burnpack")
 
 
 def quantize_model_folder(
@@ -466,6 +475,37 @@ def quantize_model_folder(
         names = ", ".join(map(shown, summary.skipped_files))
         print(f"not copied: {names} (float weights in another format, which an engine could load instead)")
     print(f"wrote {shown(dst)} ({len(summary.shards)} weight file(s), config.json with its quantization_config)")
+    return 0
+
+
+def quantize_format_file(
+    kind: str,
+    src: str,
+    dst: str,
+    scheme_text: str,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    quiet: bool = False,
+) -> int:
+    """``arrayquant quantize IN OUT`` for a GGUF or Burnpack IN: the same format out, everything else kept."""
+    from .io.formats import format_module
+
+    module = format_module(kind)
+    _output_folder(dst)
+    tqdm = _tqdm()
+    with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
+
+        def step(name: str) -> None:
+            bar.set_postfix_str(shown(name), refresh=False)
+            bar.update(1)
+
+        summary = module.quantize_file(src, dst, scheme_text, include=include, exclude=exclude, progress=step)
+    what = getattr(summary, "type_name", None) or scheme_text
+    print(f"quantized {len(summary.quantized)} tensors as {what}")
+    for name, why in sorted(summary.left_out.items()):
+        print(f"  left as it was: {shown(name)} ({why})")
+    print(f"wrote {shown(dst)} ({Path(dst).stat().st_size / _MiB:.1f} MiB, {kind})")
     return 0
 
 
@@ -528,8 +568,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 def inspect_checkpoint(path: str) -> int:
     """``arrayquant inspect``: a row per tensor (in natural name order) with its shape, scheme or
     dtype, bytes and scale range."""
-    if is_compressed_tensors(Path(path)):  # a folder, or a file in compressed-tensors' layout
+    from .io.formats import detect, iter_tensors
+
+    kind = detect(path)
+    if kind == "compressed-tensors":  # a folder, or a file in compressed-tensors' layout
         return _inspect_folder(path)
+    if kind != "arrayquant":  # GGUF, Burnpack
+        return _inspect_rows(iter_tensors(path))
     rows = []
     total = quantized = 0
     with Checkpoint(path) as ck:
@@ -562,32 +607,78 @@ def _scale_span(qt: QuantizedTensor) -> str:
     return span
 
 
-def _inspect_folder(path: str) -> int:
-    """``arrayquant inspect FOLDER``: the tensors of a model folder (or compressed-tensors file), weights by scheme."""
-    from .io.ct_config import activation_notes
-    from .io.ct_model import iter_model, model_quantization_config
-
+def _inspect_rows(items: Iterator[tuple[str, Any, str]]) -> int:
+    """Print the inspect table of ``(name, tensor, note)``: tensor a QuantizedTensor, array or Passthrough."""
     rows: dict[str, list[str]] = {}
     total = quantized = 0
-    for _, name, tensor in iter_model(path, passthrough=True):  # plain tensors described, not read
+    noted = False
+    for name, tensor, note in items:
         if isinstance(tensor, QuantizedTensor):
             nbytes = tensor.nbytes
             rows[name] = [shown(name), "x".join(map(str, tensor.shape)), str(tensor.scheme), f"{nbytes:,}"]
             rows[name].append(_scale_span(tensor))
             quantized += 1
         else:
-            nbytes, e = tensor.nbytes, tensor.entry
-            shape = "x".join(map(str, e.shape)) or "()"
-            rows[name] = [shown(name), shape, _PLAIN[e.dtype][1], f"{nbytes:,}", "-"]
+            nbytes = tensor.nbytes
+            shape, dtype = (
+                (tensor.entry.shape, _PLAIN[tensor.entry.dtype][1])
+                if hasattr(tensor, "entry")
+                else (
+                    tensor.shape,
+                    str(tensor.dtype),
+                )
+            )
+            rows[name] = [shown(name), "x".join(map(str, shape)) or "()", dtype, f"{nbytes:,}", "-"]
+        rows[name].append(note)
+        noted = noted or bool(note)
         total += nbytes
-    table = [rows[n] for n in _order(rows)]
-    print("\n".join(_table(["name", "shape", "scheme / dtype", "bytes", "scales min..max"], table, {3})))
+    header = ["name", "shape", "scheme / dtype", "bytes", "scales min..max", "note"]
+    table = [rows[n] if noted else rows[n][:-1] for n in _order(rows)]
+    print("\n".join(_table(header if noted else header[:-1], table, {3})))
     print(f"\n{len(table)} tensors, {quantized} quantized, {total / _MiB:.2f} MiB of tensor data")
+    return 0
+
+
+def _inspect_folder(path: str) -> int:
+    """``arrayquant inspect FOLDER``: the tensors of a model folder (or compressed-tensors file), weights by scheme."""
+    from .io.ct_config import activation_notes
+    from .io.ct_model import iter_model, model_quantization_config
+
+    # plain tensors described, not read
+    _inspect_rows((name, tensor, "") for _, name, tensor in iter_model(path, passthrough=True))
     qc = model_quantization_config(path)
     notes = activation_notes(qc) if qc is not None else []
     if notes:
         print("the config also quantizes, at run time in the engine (not read by arrayquant, which reads weights):")
         print("\n".join(f"  {note}" for note in notes))
+    return 0
+
+
+def dequantize_file(src: str, dst: str, dtype: str | None = None) -> int:
+    """``arrayquant dequantize IN OUT`` for GGUF and Burnpack IN: a safetensors file of floats.
+
+    Quantized tensors become ``dtype`` (default float32); tensors read as float values (GGUF
+    types without an arrayquant scheme) and plain arrays are written as they are.
+    """
+    from .io.formats import iter_tensors
+
+    _output_folder(dst)
+    _not_the_input(src, dst)
+    counts = {"quantized": 0, "all": 0}
+    out_dtype = _np_dtype(dtype or "float32")
+
+    def items() -> Iterator[tuple[str, Any]]:
+        for name, tensor, _ in iter_tensors(src):
+            counts["all"] += 1
+            if isinstance(tensor, QuantizedTensor):
+                counts["quantized"] += 1
+                tensor = dequantize(tensor, out_dtype)
+            yield name, tensor
+            del tensor
+
+    save_stream(dst, items(), metadata={"format": "pt"})
+    size = Path(dst).stat().st_size / _MiB
+    print(f"dequantized {counts['quantized']} of {counts['all']} tensors; wrote {shown(dst)} ({size:.1f} MiB)")
     return 0
 
 
@@ -664,14 +755,54 @@ def compare_checkpoints(original: str, quantized: str, plot: str | None = None) 
 
     Tensors are listed in natural name order, as ``inspect`` lists them. Exits 1 when the files
     do not fit (ORIGINAL quantized, no name in common, nothing comparable) or an error is not finite.
+    Either file may be in any format arrayquant reads (safetensors, a model folder, GGUF, Burnpack).
     """
+    from .io.formats import detect
+
     if plot:
         check_plot_path(plot)
     new_stats: Callable[[], ErrorStats] = lambda: ErrorStats(
         hist=np.zeros(len(_HIST_EDGES) - 1, np.int64) if plot else None
     )
+    if detect(original) == "arrayquant" and detect(quantized) == "arrayquant":
+        rows, measured, identical, described = _compare_checkpoint_files(original, quantized, new_stats)
+    else:
+        rows, measured, identical, described = _compare_any(original, quantized, new_stats)
     total = new_stats()
-    rows, measured, identical = [], [], 0
+    for _, stats in measured:
+        total.merge(stats)
+    print("\n".join(_table(["name", "scheme / dtype", "SQNR dB", "max |err|", "note"], rows, {2, 3})))
+    print()
+    print(_sqnr_summary(measured) + (f", max |err| {total.max_err:.3e}" if measured else ""))
+    if not described:  # a dequantized checkpoint, say: its floats are measured as they are
+        print(f"note: QUANTIZED {shown(quantized)} holds no quantized tensor; its floats were compared")
+    if not measured and not identical:
+        msg = (
+            f"no tensor of QUANTIZED {shown(quantized)} matches one of ORIGINAL {shown(original)} in shape "
+            "and kind; nothing could be compared"
+        )
+        raise CommandError(msg)
+    if plot:
+        _plot(plot, total, len(measured))
+        print(f"wrote {shown(plot)}")
+    bad = [n for n, s in measured if not math.isfinite(s.max_err)]
+    if bad:
+        msg = (
+            f"the error of {len(bad)} tensor(s) is not finite (NaN or infinity in either file), "
+            f"first {bad[0]!r}; see the table"
+        )
+        raise CommandError(msg)
+    return 0
+
+
+_Compared = tuple[list[list[str]], list[tuple[str, ErrorStats]], int, bool]
+
+
+def _compare_checkpoint_files(original: str, quantized: str, new_stats: Callable[[], ErrorStats]) -> _Compared:
+    """The rows of ``compare`` for two safetensors files, read by name from either."""
+    rows: list[list[str]] = []
+    measured: list[tuple[str, ErrorStats]] = []
+    identical = 0
     with Checkpoint(original) as orig, Checkpoint(quantized) as ck:
         _check_pair(original, quantized, orig, ck)
         described = bool(ck.described)
@@ -701,30 +832,76 @@ def compare_checkpoints(original: str, quantized: str, plot: str | None = None) 
                 rows.append([shown(name), _PLAIN[e.dtype][1], "-", "-", "differs"])
                 continue
             measured.append((name, stats))
-            total.merge(stats)
             rows.append([shown(name), kind, _fmt_db(stats.sqnr), f"{stats.max_err:.3e}", ""])
-    print("\n".join(_table(["name", "scheme / dtype", "SQNR dB", "max |err|", "note"], rows, {2, 3})))
-    print()
-    print(_sqnr_summary(measured) + (f", max |err| {total.max_err:.3e}" if measured else ""))
-    if not described:  # a dequantized checkpoint, say: its floats are measured as they are
-        print(f"note: QUANTIZED {shown(quantized)} holds no quantized tensor; its floats were compared")
+    return rows, measured, identical, described
+
+
+def _compare_any(original: str, quantized: str, new_stats: Callable[[], ErrorStats]) -> _Compared:
+    """The rows of ``compare`` for files of any format, each read once in its own order.
+
+    ORIGINAL is read along with QUANTIZED: a tensor of ORIGINAL passed over on the way to the next
+    one asked for is kept until asked for, so files in the same order (a re-quantized GGUF or
+    Burnpack, a model folder and its quantized copy) hold one tensor of each at a time.
+    """
+    from .io.formats import iter_tensors
+
+    ahead = iter_tensors(original)
+    kept: dict[str, Any] = {}
+
+    def reference(name: str) -> Any:
+        while name not in kept:
+            found = next(ahead, None)
+            if found is None:
+                return None
+            if isinstance(found[1], QuantizedTensor):
+                msg = (
+                    f"ORIGINAL {shown(original)} holds quantized tensors (e.g. {found[0]!r}); give the float "
+                    "model first: arrayquant compare ORIGINAL QUANTIZED"
+                )
+                raise CommandError(msg)
+            kept[found[0]] = found[1]
+        return kept.pop(name)
+
+    rows: dict[str, list[str]] = {}
+    measured: list[tuple[str, ErrorStats]] = []
+    identical, described = 0, False
+    for name, item, _ in iter_tensors(quantized):
+        ref = reference(name)
+        if ref is None:
+            rows[name] = [shown(name), "-", "-", "-", "only in QUANTIZED"]
+            continue
+        if isinstance(item, QuantizedTensor):
+            described = True
+            if tuple(item.shape) != tuple(ref.shape):
+                msg = f"tensor {name!r} is {list(item.shape)} in {quantized} but {list(ref.shape)} in {original}"
+                raise ShapeError(msg)
+            stats, kind = quantization_error(np.asarray(ref, np.float32), item, new_stats()), str(item.scheme)
+        elif item.dtype == ref.dtype and item.shape == ref.shape and _same_bytes(item, ref):
+            rows[name] = [shown(name), str(item.dtype), "inf", "0", "identical"]
+            identical += 1
+            continue
+        elif _floating(item) and _floating(ref) and item.shape == ref.shape:
+            stats, kind = _plain_error(ref, item, new_stats()), str(item.dtype)
+        else:
+            rows[name] = [shown(name), str(item.dtype), "-", "-", "differs"]
+            continue
+        measured.append((name, stats))
+        rows[name] = [shown(name), kind, _fmt_db(stats.sqnr), f"{stats.max_err:.3e}", ""]
+    for name, _, _ in itertools.chain(((n, None, "") for n in kept), ahead):
+        rows.setdefault(name, [shown(name), "-", "-", "-", "missing from QUANTIZED"])
     if not measured and not identical:
-        msg = (
-            f"no tensor of QUANTIZED {shown(quantized)} matches one of ORIGINAL {shown(original)} in shape "
-            "and kind; nothing could be compared"
-        )
-        raise CommandError(msg)
-    if plot:
-        _plot(plot, total, len(measured))
-        print(f"wrote {shown(plot)}")
-    bad = [n for n, s in measured if not math.isfinite(s.max_err)]
-    if bad:
-        msg = (
-            f"the error of {len(bad)} tensor(s) is not finite (NaN or infinity in either file), "
-            f"first {bad[0]!r}; see the table"
-        )
-        raise CommandError(msg)
-    return 0
+        theirs = len(rows)
+        if not any(r[-1] not in ("only in QUANTIZED", "missing from QUANTIZED") for r in rows.values()):
+            msg = (
+                f"ORIGINAL {shown(original)} and QUANTIZED {shown(quantized)} have no tensor name in common "
+                f"({theirs} names in all); are they files of one model?"
+            )
+            raise CommandError(msg)
+    return [rows[n] for n in _order(rows)], measured, identical, described
+
+
+def _floating(a: Any) -> bool:
+    return np.issubdtype(a.dtype, np.floating) or a.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def write_demo_checkpoint(path: str, data: Callable[..., np.ndarray]) -> int:

@@ -1,8 +1,9 @@
-"""Reading and writing quantized tensors: Burn's byte layout, safetensors checkpoints, compressed-tensors NVFP4."""
+"""Reading and writing quantized tensors: Burn's byte layout, and files in every format (see ``formats``)."""
 
 from .burn import decode_scales, encode_scales, from_bytes, to_bytes
-from .checkpoint import FORMAT_VERSION, load, save
+from .checkpoint import FORMAT_VERSION
 from .compressed_tensors import read_nvfp4, write_nvfp4
+from .formats import load, save
 
 __all__ = [
     "FORMAT_VERSION",

@@ -59,7 +59,7 @@ from .reader import (
 )
 from .regions import ChunkTarget, write_all
 
-__all__ = ["FORMAT_VERSION", "is_compressed_tensors", "load", "read_header", "save", "save_stream"]
+__all__ = ["FORMAT_VERSION", "is_compressed_tensors", "load_checkpoint", "read_header", "save", "save_stream"]
 
 _Part = tuple[Any, str, list[int]]  # (bytes, a host array or a lazy source; header dtype; shape)
 
@@ -537,13 +537,12 @@ def is_compressed_tensors(path: Path) -> bool:
     return stored or (isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors")
 
 
-def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save`, validating every tensor before building it.
 
     Files of format 1 (values under the tensor's own name) are read too. Tensors come in file
-    order, read one at a time (no memory map). A compressed-tensors model folder (or one of its
-    files, with the ``config.json`` beside it) is read too: each quantized weight comes back as a
-    :class:`~arrayquant.QuantizedTensor` under its module's ``.weight`` name.
+    order, read one at a time (no memory map). ``aq.load`` calls this for safetensors files that
+    are not compressed-tensors ones (see :mod:`arrayquant.io.formats`).
 
     Parameters
     ----------
@@ -572,10 +571,6 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None, device: An
     >>> str(aq.load(path, backend="numpy")["w"].scheme)
     'nf4'
     """
-    if is_compressed_tensors(Path(path)):
-        from .ct_model import load_model
-
-        return load_model(path, backend=backend, device=device)
     name_ = backend or default().name
     same = name_.strip().lower() == "numpy" and device is None  # host arrays as read: nothing to convert
     move = (lambda a: a) if same else (lambda a: shim.convert(a, name_, device))

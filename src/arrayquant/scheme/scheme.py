@@ -182,7 +182,7 @@ class QuantScheme:
     # -- text form ----------------------------------------------------------------------------
     def __str__(self) -> str:
         for name, make in PRESETS.items():
-            if make() == self:
+            if name not in _ALIASES and make() == self:
                 return name
         return self.spelled_out()
 
@@ -305,4 +305,10 @@ PRESETS = {
     "mxfp8": QuantScheme.mxfp8,
     "mxfp4": QuantScheme.mxfp4,
     "nf4": QuantScheme.nf4,
+    # GGUF type names whose blocks are exactly these schemes (arrayquant.io.gguf_types)
+    "q8_0": lambda: QuantScheme.parse("q8f:block32:f16"),
+    "q4_0": lambda: QuantScheme.parse("q4f:block32:f16"),
+    "tq2_0": lambda: QuantScheme.parse("q2s:block256:f16"),
 }
+# accepted by parse, never printed: str() keeps the spelled-out form for these schemes
+_ALIASES = frozenset({"q8_0", "q4_0", "tq2_0"})

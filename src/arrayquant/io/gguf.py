@@ -1,0 +1,1097 @@
+"""GGUF files (llama.cpp, ollama, LM Studio): read, written and re-quantized through gguf-py.
+
+The container is gguf-py's: :class:`gguf.GGUFReader` parses the key/values and tensor infos of
+a memory-mapped file, :class:`gguf.GGUFWriter` writes them. Before gguf-py sees a file, its
+header is walked once here with every count, length and offset checked against the file's
+size, because gguf-py trusts them: a lying array length makes it loop past the end of the file
+building one NumPy view per element, a lying tensor offset surfaces as a bare ``ValueError``.
+Nested arrays (which llama.cpp refuses too) and more than :data:`MAX_ARRAY_ITEMS` array items
+in all (gguf-py keeps a Python object per item; real vocabularies need well under a million)
+are refused. Every problem with a file is a :class:`~arrayquant.errors.CorruptDataError`.
+
+Tensor data is read with positioned reads into fresh buffers, one tensor at a time, never
+through the memory map, so pages already read do not pile up in the process. Types map as
+follows (the exact block maps live in :mod:`arrayquant.io.gguf_types`):
+
+- ``F32``, ``F16``, ``F64``, ``I8`` ... ``I64``: arrays of that dtype; ``BF16``: a bfloat16
+  array through ml_dtypes (float32 values, with a note, where ml_dtypes is missing);
+- a type whose blocks are exactly an arrayquant scheme (``Q8_0``, ``Q4_0``, ``MXFP4``, ...): a
+  :class:`~arrayquant.QuantizedTensor`, bit for bit;
+- ``NVFP4`` with its per-tensor scale as llama.cpp's converter writes it (the F32 tensor
+  ``<name>.scale``, ``.weight`` replaced, shape (1,)): one two-level ``nvfp4`` QuantizedTensor;
+- every other type (K-quants, IQ-quants, ``Q4_1``, ``Q5_0``, ``Q5_1``, ``TQ1_0``, ...) and an
+  exact type whose particular blocks are not exact: float32 values through
+  ``gguf.quants.dequantize``, with a note naming the type and why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import mmap
+import os
+import stat
+import struct
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..backends import default, shim
+from ..errors import BackendUnavailableError, CorruptDataError, DTypeError, ParamsError, SchemeError, ShapeError
+from ..quantize import quantize
+from ..scheme import QuantScheme
+from ..tensor import QuantizedTensor
+from . import gguf_types
+
+__all__ = [
+    "MAGIC",
+    "MAX_ARRAY_ITEMS",
+    "NAME",
+    "GGUFSummary",
+    "iter_tensors",
+    "load",
+    "quantize_file",
+    "read_metadata",
+    "save",
+    "sniff",
+]
+
+NAME = "gguf"
+MAGIC = b"GGUF"
+MAX_ARRAY_ITEMS = 1 << 22  # array items over all key/values: gguf-py holds ~700 bytes per item
+_VERSIONS = (2, 3)  # gguf-py reads these; version 1 had 32-bit counts
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_DEFAULT_ALIGNMENT = 32
+_QNT_VERSION = 2  # GGML_QNT_VERSION, which llama-quantize writes as general.quantization_version
+_ARCH_KEY = "general.architecture"
+_ALIGN_KEY = "general.alignment"
+_FTYPE_KEY = "general.file_type"
+_QVERSION_KEY = "general.quantization_version"
+# GGUF value type ids (gguf.GGUFValueType) -> bytes of one value; 8: string, 9: array
+_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+_PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
+_FLOAT_SOURCES = ("F32", "F16", "BF16", "F64")  # what quantize_file quantizes from
+_ARRAY_TYPES = {
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float64": "F64",
+    "int8": "I8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+}
+# Substrings of the 2-d weights llama-quantize leaves unquantized (llama-quant.cpp, as read in 2025):
+# MoE routers, Gemma 3n's small altup/laurel/per-layer projections, BERT's position and token-type
+# embeddings, Mamba/LFM2 convolutions, RWKV's time-mix weights, T5's relative bias, vision position
+# embeddings. Norms are caught by "_norm.weight"; 1-d tensors by their rank.
+_KEPT = (
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "position_embd.weight",
+    "token_types.weight",
+    "ssm_conv1d.weight",
+    "shortconv.conv.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight",
+    "time_mix_w1.weight",
+    "time_mix_w2.weight",
+    "time_mix_v0.weight",
+    "time_mix_v1.weight",
+    "time_mix_v2.weight",
+    "time_mix_a0.weight",
+    "time_mix_a1.weight",
+    "time_mix_a2.weight",
+    "time_mix_g1.weight",
+    "time_mix_g2.weight",
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    ".position_embd.",
+)
+
+
+def _gguf() -> Any:
+    try:
+        import gguf
+    except ImportError as e:  # pragma: no cover - gguf is a test dependency
+        msg = "GGUF files need the gguf package (gguf-py, from llama.cpp); pip install gguf"
+        raise BackendUnavailableError(msg) from e
+    return gguf
+
+
+def _sizes(type_name: str) -> tuple[int, int]:
+    """(values per block, bytes per block) of a GGUF type."""
+    g = _gguf()
+    return g.GGML_QUANT_SIZES[g.GGMLQuantizationType[type_name]]
+
+
+def _row_bytes(type_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The byte shape gguf-py gives a tensor: rows of whole blocks."""
+    block, size = _sizes(type_name)
+    return (*shape[:-1], shape[-1] // block * size)
+
+
+def sniff(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` starts with the GGUF magic; False for anything unreadable or short."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
+    except (OSError, ValueError):
+        return False
+
+
+class _Info(NamedTuple):
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # NumPy order: GGUF's dimensions reversed
+    start: int  # absolute offset of the data in the file
+    nbytes: int
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the file's bytes."""
+
+    def __init__(self, buf: Any, path: Path) -> None:
+        self.buf, self.pos, self.size, self.path = buf, 0, len(buf), path
+
+    def take(self, n: int, what: str) -> int:
+        if n > self.size - self.pos:
+            msg = (
+                f"{self.path}: truncated or lying GGUF header: {what} at byte {self.pos} needs {n} bytes, "
+                f"the file has {self.size - self.pos} left"
+            )
+            raise CorruptDataError(msg)
+        at = self.pos
+        self.pos += n
+        return at
+
+    def u32(self, what: str) -> int:
+        return int(struct.unpack_from("<I", self.buf, self.take(4, what))[0])
+
+    def u64(self, what: str) -> int:
+        return int(struct.unpack_from("<Q", self.buf, self.take(8, what))[0])
+
+    def text(self, what: str) -> str:
+        n = self.u64(f"the length of {what}")
+        at = self.take(n, what)
+        try:
+            return bytes(self.buf[at : at + n]).decode("utf-8")
+        except UnicodeDecodeError as e:
+            msg = f"{self.path}: {what} at byte {at} is not UTF-8 ({e.reason})"
+            raise CorruptDataError(msg) from None
+
+
+def _scan(fd: int, path: Path) -> tuple[list[_Info], int]:
+    """Walk the header once, checking every count and offset; (tensor infos, data start).
+
+    Nothing is allocated in proportion to a count before the count has been checked against
+    the bytes left in the file.
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        msg = f"{path} is not a file"
+        raise CorruptDataError(msg)
+    size = info.st_size
+    if size < 24:
+        msg = f"{path}: {size} bytes, too short for a GGUF header (24 bytes before any key/value)"
+        raise CorruptDataError(msg)
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
+        return _walk(_Cursor(buf, path), path)
+
+
+def _walk(cur: _Cursor, path: Path) -> tuple[list[_Info], int]:
+    g = _gguf()
+    magic = bytes(cur.buf[0:4])
+    if magic != MAGIC:
+        msg = f"{path}: not a GGUF file (magic {magic!r}, expected {MAGIC!r})"
+        raise CorruptDataError(msg)
+    cur.pos = 4
+    version = cur.u32("the version")
+    if version & 0xFFFF == 0 and version:
+        msg = f"{path}: a big-endian GGUF file; only little-endian GGUF files are read"
+        raise CorruptDataError(msg)
+    if version not in _VERSIONS:
+        msg = f"{path}: GGUF version {version}; versions {', '.join(map(str, _VERSIONS))} are read"
+        raise CorruptDataError(msg)
+    n_tensors, n_kv = cur.u64("the tensor count"), cur.u64("the key/value count")
+    # a key/value takes at least 13 bytes (key length, type, one-byte value), a tensor info 24
+    if n_kv * 13 + n_tensors * 24 > cur.size - cur.pos:
+        msg = (
+            f"{path}: the header claims {n_kv} key/values and {n_tensors} tensors, more than the "
+            f"{cur.size - cur.pos} bytes left in the file can hold"
+        )
+        raise CorruptDataError(msg)
+    keys: set[str] = set()
+    alignment = _DEFAULT_ALIGNMENT
+    items = 0
+    for i in range(n_kv):
+        key = cur.text(f"key {i}")
+        if key in keys:
+            msg = f"{path}: key {key!r} appears twice"
+            raise CorruptDataError(msg)
+        keys.add(key)
+        vtype = cur.u32(f"the type of {key!r}")
+        if key == _ALIGN_KEY:
+            if vtype != _UINT32:
+                msg = f"{path}: {_ALIGN_KEY} has value type {vtype}, not UINT32 ({_UINT32})"
+                raise CorruptDataError(msg)
+            alignment = cur.u32(key)
+            if alignment == 0 or alignment & (alignment - 1):
+                msg = f"{path}: {_ALIGN_KEY} is {alignment}, not a power of two"
+                raise CorruptDataError(msg)
+            continue
+        items += _skip_value(cur, vtype, key, path)
+        if items > MAX_ARRAY_ITEMS:
+            msg = f"{path}: more than {MAX_ARRAY_ITEMS} array items in the key/values; refused to bound memory"
+            raise CorruptDataError(msg)
+    infos: list[tuple[str, str, tuple[int, ...], int, int]] = []
+    names: set[str] = set()
+    for i in range(n_tensors):
+        name = cur.text(f"the name of tensor {i}")
+        if name in names:
+            msg = f"{path}: tensor {name!r} appears twice"
+            raise CorruptDataError(msg)
+        names.add(name)
+        n_dims = cur.u32(f"the rank of {name!r}")
+        if n_dims > _MAX_DIMS:
+            msg = f"{path}: tensor {name!r} has {n_dims} dimensions; GGUF tensors have at most {_MAX_DIMS}"
+            raise CorruptDataError(msg)
+        dims = [cur.u64(f"dimension {d} of {name!r}") for d in range(n_dims)]
+        raw_type = cur.u32(f"the type of {name!r}")
+        try:
+            type_name = g.GGMLQuantizationType(raw_type).name
+            block, type_size = g.GGML_QUANT_SIZES[g.GGMLQuantizationType(raw_type)]
+        except (ValueError, KeyError):
+            msg = f"{path}: tensor {name!r} has type id {raw_type}, which is no GGML type gguf-py knows"
+            raise CorruptDataError(msg) from None
+        offset = cur.u64(f"the data offset of {name!r}")
+        row = dims[0] if dims else 1
+        if row % block:
+            msg = f"{path}: tensor {name!r} ({type_name}) has rows of {row} values, not whole blocks of {block}"
+            raise CorruptDataError(msg)
+        count = math.prod(dims)
+        nbytes = count // block * type_size
+        if offset % alignment:
+            msg = f"{path}: tensor {name!r} starts at data offset {offset}, not a multiple of the alignment {alignment}"
+            raise CorruptDataError(msg)
+        infos.append((name, type_name, tuple(reversed(dims)), offset, nbytes))
+    data_start = -(-cur.pos // alignment) * alignment
+    out: list[_Info] = []
+    end = 0
+    for name, type_name, shape, offset, nbytes in sorted(infos, key=lambda t: t[3]):
+        start = data_start + offset
+        if start < end:
+            msg = f"{path}: tensor {name!r} overlaps the tensor before it (data offset {offset})"
+            raise CorruptDataError(msg)
+        end = start + nbytes
+        if end > cur.size:
+            msg = (
+                f"{path}: tensor {name!r} claims bytes {start}..{end} ({nbytes} bytes of {type_name} {list(shape)}), "
+                f"past the end of the {cur.size}-byte file"
+            )
+            raise CorruptDataError(msg)
+    for name, type_name, shape, offset, nbytes in infos:
+        out.append(_Info(name, type_name, shape, data_start + offset, nbytes))
+    return out, data_start
+
+
+def _skip_value(cur: _Cursor, vtype: int, key: str, path: Path) -> int:
+    """Step over one value; the number of array items it holds."""
+    if vtype in _SCALAR_SIZE:
+        cur.take(_SCALAR_SIZE[vtype], f"the value of {key!r}")
+        return 0
+    if vtype == _STRING:
+        cur.take(cur.u64(f"the length of {key!r}"), f"the text of {key!r}")
+        return 0
+    if vtype != _ARRAY:
+        msg = f"{path}: key {key!r} has value type {vtype}, which GGUF does not define"
+        raise CorruptDataError(msg)
+    itype = cur.u32(f"the item type of {key!r}")
+    n = cur.u64(f"the length of {key!r}")
+    if n > MAX_ARRAY_ITEMS:
+        msg = f"{path}: key {key!r} claims {n} items; more than {MAX_ARRAY_ITEMS} are refused to bound memory"
+        raise CorruptDataError(msg)
+    if itype in _SCALAR_SIZE:
+        cur.take(n * _SCALAR_SIZE[itype], f"the {n} items of {key!r}")
+    elif itype == _STRING:
+        if n * 8 > cur.size - cur.pos:
+            cur.take(n * 8, f"the {n} strings of {key!r}")
+        for j in range(n):
+            cur.take(cur.u64(f"the length of item {j} of {key!r}"), f"item {j} of {key!r}")
+    elif itype == _ARRAY:
+        msg = f"{path}: key {key!r} is an array of arrays, which neither llama.cpp nor gguf-py reads"
+        raise CorruptDataError(msg)
+    else:
+        msg = f"{path}: key {key!r} is an array of value type {itype}, which GGUF does not define"
+        raise CorruptDataError(msg)
+    return n
+
+
+class _File:
+    """A checked GGUF file: gguf-py's reader for the key/values, positioned reads for the data."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            msg = f"cannot open {self.path}: {e.strerror}"
+            raise CorruptDataError(msg) from None
+        try:
+            self.tensors, _ = _scan(self.fd, self.path)
+            g = _gguf()
+            try:
+                self.reader = g.GGUFReader(self.path, "r")
+            except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error) as e:
+                msg = f"{self.path}: gguf-py cannot read this file: {e}"
+                raise CorruptDataError(msg) from None
+            got = [(t.name, t.tensor_type.name, int(t.data_offset)) for t in self.reader.tensors]
+            if got != [(t.name, t.type_name, t.start) for t in self.tensors]:  # the file changed in between
+                msg = f"{self.path}: the file changed while it was being opened"
+                raise CorruptDataError(msg)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.reader = None
+
+    def raw(self, t: _Info) -> np.ndarray:
+        """The tensor's bytes, read into a fresh buffer."""
+        out = np.empty(t.nbytes, np.uint8)
+        view, at = out.data, t.start
+        while len(view):
+            done = os.preadv(self.fd, [view], at)
+            if done == 0:
+                msg = f"{self.path}: the file ended while reading {t.name!r} (it changed while being read?)"
+                raise CorruptDataError(msg)
+            view, at = view[done:], at + done
+        return out
+
+    def fields(self) -> dict[str, Any]:
+        """Every key/value as a ``gguf.GGUFValue``, in file order."""
+        g = _gguf()
+        out: dict[str, Any] = {}
+        for f in self.reader.fields.values():
+            if f.name.startswith("GGUF."):
+                continue  # gguf-py's virtual entries: version and counts
+            vtype = f.types[0]
+            sub = f.types[-1] if vtype == g.GGUFValueType.ARRAY and len(f.types) > 1 else None
+            if vtype == g.GGUFValueType.ARRAY and sub is None:  # an empty array: its item type is in the file
+                sub = g.GGUFValueType(int(f.parts[3][0]))
+            try:
+                value = f.contents()
+            except (ValueError, IndexError) as e:
+                msg = f"{self.path}: the value of {f.name!r} cannot be read: {e}"
+                raise CorruptDataError(msg) from None
+            out[f.name] = g.GGUFValue(value, vtype, sub)
+        return out
+
+
+@contextmanager
+def _opened(path: str | os.PathLike[str]) -> Iterator[_File]:
+    f = _File(path)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def _ml_dtypes() -> Any:
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+        return None
+    return ml_dtypes
+
+
+def _value(raw: np.ndarray, t: _Info, backend: str | None, device: Any) -> tuple[QuantizedTensor | np.ndarray, str]:
+    """The tensor as arrayquant holds it, and a note ("" unless it was turned into floats)."""
+    if t.type_name in _PLAIN:
+        return raw.view(_PLAIN[t.type_name]).reshape(t.shape), ""
+    if t.type_name == "BF16":
+        md = _ml_dtypes()
+        if md is not None:
+            return raw.view(md.bfloat16).reshape(t.shape), ""
+        floats = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+        return floats, "BF16 read as float32 values (ml_dtypes, which holds bfloat16 arrays, is not installed)"
+    data = raw.reshape(_row_bytes(t.type_name, t.shape))
+    if t.type_name in gguf_types.EXACT:
+        qt, why = gguf_types.decode(data, t.type_name, t.shape, backend=backend, device=device)
+        if qt is not None:
+            return qt, ""
+    else:
+        why = "its blocks are not an arrayquant scheme"
+    g = _gguf()
+    try:
+        with np.errstate(all="ignore"):  # scales of inf or NaN give inf or NaN values, as in llama.cpp
+            floats = g.quants.dequantize(data, g.GGMLQuantizationType[t.type_name])
+    except NotImplementedError:
+        msg = f"tensor {t.name!r} is {t.type_name}, which gguf-py cannot dequantize and arrayquant does not hold"
+        raise SchemeError(msg) from None
+    return np.asarray(floats, np.float32).reshape(t.shape), f"{t.type_name} read as float32 values: {why}"
+
+
+def _scale_name(name: str) -> str:
+    """The F32 tensor that holds an NVFP4 weight's per-tensor scale, named as llama.cpp names it.
+
+    llama.cpp's converter (``conversion/base.py``, ``_repack_nvfp4``) writes ModelOpt's
+    ``weight_scale_2`` as ``name.replace(".weight", ".scale")`` (``blk.0.attn_q.weight`` ->
+    ``blk.0.attn_q.scale``), shape ``{1}``, and its graph multiplies the matmul by it
+    (``ggml_mul`` in ``build_lora_mm``). A name without the ``.weight`` suffix gets ``.scale`` added.
+    """
+    return name[: -len(".weight")] + ".scale" if name.endswith(".weight") else name + ".scale"
+
+
+class _Pairs(NamedTuple):
+    scales: dict[str, tuple[str, np.ndarray]]  # NVFP4 weight -> (its scale tensor, the f32 scale, shape (1,))
+    taken: set[str]  # scale tensors read into their weight, not yielded on their own
+    notes: dict[str, str]  # why a scale tensor that is there was not applied (on the weight and the scale)
+
+
+def _pairs(f: _File) -> _Pairs:
+    """NVFP4 tensors with their per-tensor scale tensor; each scale read (4 bytes) and checked."""
+    by_name = {t.name: t for t in f.tensors}
+    out = _Pairs({}, set(), {})
+    for t in f.tensors:
+        if t.type_name != "NVFP4":
+            continue
+        sname = _scale_name(t.name)
+        s = by_name.get(sname)
+        if s is None or s is t or sname in out.taken:
+            continue
+        why = ""
+        if s.type_name != "F32" or len(s.shape) > 1 or math.prod(s.shape) != 1:
+            why = f"is {s.type_name} of shape {list(s.shape)}, not one F32 value"
+        else:
+            g = f.raw(s).view("<f4").astype(np.float32).reshape(1)
+            if not (np.isfinite(g[0]) and g[0] > 0):
+                why = f"holds {float(g[0])!r}, not a finite positive float32"
+            else:
+                out.scales[t.name] = (sname, g)
+                out.taken.add(sname)
+        if why:
+            out.notes[t.name] = f"NVFP4 read single-level: its per-tensor scale tensor {sname!r} {why}, not applied"
+            out.notes[sname] = f"read as a plain array: not applied as {t.name!r}'s NVFP4 per-tensor scale, it {why}"
+    return out
+
+
+def _read(f: _File, t: _Info, pairs: _Pairs, backend: str | None, device: Any) -> tuple[Any, str]:
+    """One tensor as :func:`_value` gives it, an NVFP4 one with its per-tensor scale where it has one."""
+    raw = f.raw(t)
+    paired = pairs.scales.get(t.name)
+    if paired is None:
+        value, note = _value(raw, t, backend, device)
+        extra = pairs.notes.get(t.name, "")
+        return value, f"{note}; {extra}" if note and extra else note or extra
+    sname, g = paired
+    data = raw.reshape(_row_bytes(t.type_name, t.shape))
+    qt, _ = gguf_types.decode(data, "NVFP4", t.shape, backend=backend, device=device, global_scale=g)
+    if qt is not None:
+        return qt, f"NVFP4 with its per-tensor scale {sname} (llama.cpp layout)"
+    floats, note = _value(raw, t, backend, device)  # blocks that are not exact: llama.cpp's values, scaled
+    with np.errstate(all="ignore"):  # overflow gives inf, as ggml_mul does
+        scaled = np.asarray(floats, np.float32) * g[0]
+    return scaled, f"{note}; times its per-tensor scale {sname} (llama.cpp layout)"
+
+
+def iter_tensors(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any, str]]:
+    """Each tensor of a GGUF file in file order, one at a time, as NumPy data.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The GGUF file.
+
+    Yields
+    ------
+    tuple of (str, QuantizedTensor or numpy.ndarray, str)
+        The name, the tensor (a QuantizedTensor where its type is exactly an arrayquant scheme,
+        else an array) and a note: ``""``, or e.g. ``"Q4_K read as float32 values: ..."``.
+        An NVFP4 tensor whose per-tensor scale is in the file as llama.cpp writes it (the F32
+        tensor ``<name>.scale``, ``.weight`` replaced, holding one finite positive value) comes
+        as one two-level ``nvfp4`` QuantizedTensor, and the scale tensor is not yielded on its
+        own; a scale tensor that is not one such value is applied to nothing, and both notes say so.
+
+    Raises
+    ------
+    CorruptDataError
+        A file that is not GGUF, is truncated, or whose header lies about sizes or offsets.
+    SchemeError
+        A tensor of a type neither arrayquant nor gguf-py can turn into values (``Q8_1``, ...).
+    """
+    with _opened(path) as f:
+        pairs = _pairs(f)
+        for t in f.tensors:
+            if t.name in pairs.taken:
+                continue
+            value, note = _read(f, t, pairs, "numpy", None)
+            yield t.name, value, note
+
+
+def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
+    """Every tensor of a GGUF file: QuantizedTensors where the type is exact, arrays for the rest.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The GGUF file.
+    backend, device
+        Where the arrays go (default: the default backend, its default device).
+
+    Returns
+    -------
+    dict of str to QuantizedTensor or array
+        In file order. Types that are no arrayquant scheme come as float32 values (see
+        :func:`iter_tensors` for the notes saying which); an NVFP4 tensor and its per-tensor
+        scale tensor come as one two-level QuantizedTensor, as :func:`iter_tensors` says.
+
+    Raises
+    ------
+    CorruptDataError, SchemeError
+        As :func:`iter_tensors`.
+    """
+    name_ = backend or default().name
+    same = name_.strip().lower() == "numpy" and device is None
+    out: dict[str, Any] = {}
+    with _opened(path) as f:
+        pairs = _pairs(f)
+        for t in f.tensors:
+            if t.name in pairs.taken:
+                continue
+            value, _ = _read(f, t, pairs, name_, device)
+            if not isinstance(value, QuantizedTensor) and not same:
+                value = shim.convert(value, name_, device)
+            out[t.name] = value
+    return out
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Every key/value of a GGUF file as ``gguf.GGUFValue`` (value, type, item type), in file order.
+
+    Raises
+    ------
+    CorruptDataError
+        As :func:`iter_tensors`.
+    """
+    with _opened(path) as f:
+        return f.fields()
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _writer_class() -> Any:
+    g = _gguf()
+
+    class Writer(g.GGUFWriter):  # type: ignore[name-defined]
+        """gguf-py's writer, plus empty arrays, which GGUF allows and gguf-py refuses to write."""
+
+        def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
+            if vtype == g.GGUFValueType.ARRAY and sub_type is not None and len(val) == 0:
+                head = self._pack("I", vtype) if add_vtype else b""
+                return bytes(head + self._pack("I", sub_type) + self._pack("Q", 0))
+            return bytes(super()._pack_val(val, vtype, add_vtype, sub_type))
+
+    return Writer
+
+
+class _Out(NamedTuple):
+    name: str
+    type_name: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def _nbytes(type_name: str, shape: tuple[int, ...]) -> int:
+    block, size = _sizes(type_name)
+    return math.prod(shape) // block * size
+
+
+@contextmanager
+def _writing(target: Path, arch: str, fields: Mapping[str, Any], plan: Sequence[_Out]) -> Iterator[Any]:
+    """A gguf-py writer on a temporary file beside ``target`` with the header written; renamed at the end.
+
+    ``fields`` are written in their order and are the only key/values (gguf-py's own
+    ``general.architecture`` is replaced by the one in ``fields``, or dropped if it has none).
+    The caller writes each tensor of ``plan`` in order with ``write_tensor_data``.
+    """
+    g = _gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    writer = None
+    try:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
+        writer = _writer_class()(tmp, arch)
+        kv = writer.kv_data[0]
+        kv.clear()
+        for key, v in fields.items():
+            kv[key] = g.GGUFValue(v.value, v.type, v.sub_type)
+        align = fields.get(_ALIGN_KEY)
+        if align is not None:
+            writer.data_alignment = int(align.value)
+        for o in plan:
+            writer.add_tensor_info(o.name, o.shape, np.dtype(np.float32), o.nbytes, g.GGMLQuantizationType[o.type_name])
+        writer.write_header_to_file()
+        try:
+            writer.write_kv_data_to_file()
+        except (struct.error, ValueError, TypeError) as e:  # a value that does not fit its GGUF type
+            msg = f"the metadata cannot be written as GGUF: {e}"
+            raise ParamsError(msg) from None
+        writer.write_ti_data_to_file()
+        yield writer
+        for out in writer.fout:
+            out.flush()
+            os.fsync(out.fileno())
+        writer.close()
+        os.replace(tmp, target)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _metadata_value(key: str, value: Any) -> Any:
+    """A GGUFValue for a metadata value: as given, or typed the way llama.cpp's converters type it."""
+    g = _gguf()
+    t = g.GGUFValueType
+    if isinstance(value, g.GGUFValue):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return g.GGUFValue(bool(value), t.BOOL)
+    if isinstance(value, np.generic) and value.dtype.kind in "iuf":
+        by_dtype = {
+            "int8": t.INT8,
+            "uint8": t.UINT8,
+            "int16": t.INT16,
+            "uint16": t.UINT16,
+            "int32": t.INT32,
+            "uint32": t.UINT32,
+            "int64": t.INT64,
+            "uint64": t.UINT64,
+            "float32": t.FLOAT32,
+            "float64": t.FLOAT64,
+        }
+        if value.dtype.name in by_dtype:
+            return g.GGUFValue(value.item(), by_dtype[value.dtype.name])
+    if isinstance(value, int):
+        return g.GGUFValue(value, _int_type(key, [value]))
+    if isinstance(value, float):
+        return g.GGUFValue(value, t.FLOAT32)  # llama.cpp reads float hyperparameters as FLOAT32
+    if isinstance(value, str):
+        return g.GGUFValue(value, t.STRING)
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+        if not items:
+            msg = f"metadata {key!r}: an empty list has no item type; give a gguf.GGUFValue with sub_type"
+            raise ParamsError(msg)
+        if all(isinstance(v, str) for v in items):
+            return g.GGUFValue(items, t.ARRAY, t.STRING)
+        if all(isinstance(v, bool) for v in items):
+            return g.GGUFValue(items, t.ARRAY, t.BOOL)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            return g.GGUFValue(items, t.ARRAY, _int_type(key, items, signed=True))
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+            return g.GGUFValue([float(v) for v in items], t.ARRAY, t.FLOAT32)
+        msg = f"metadata {key!r}: a list must hold only str, only bool, only int or only numbers"
+        raise ParamsError(msg)
+    msg = (
+        f"metadata {key!r}: {type(value).__name__} has no GGUF value type; "
+        "use str, bool, int, float, a list of one of those, or a gguf.GGUFValue"
+    )
+    raise ParamsError(msg)
+
+
+def _int_type(key: str, values: Sequence[int], signed: bool = False) -> Any:
+    """UINT32 as llama.cpp's converters write counts (INT32 for lists, like token types), wider if needed."""
+    t = _gguf().GGUFValueType
+    lo, hi = min(values), max(values)
+    if signed and lo >= -(2**31) and hi < 2**31:
+        return t.INT32
+    if not signed and lo >= 0 and hi < 2**32:
+        return t.UINT32
+    if lo >= -(2**31) and hi < 2**31:
+        return t.INT32
+    if lo >= -(2**63) and hi < 2**63:
+        return t.INT64
+    if lo >= 0 and hi < 2**64:
+        return t.UINT64
+    msg = f"metadata {key!r}: {lo if lo < 0 else hi} does not fit a 64-bit integer"
+    raise ParamsError(msg)
+
+
+def _exact_list() -> str:
+    rows = []
+    for name in gguf_types.EXACT:
+        scheme = gguf_types.scheme_of(name)
+        rows.append(f"{name} ({scheme})" if scheme is not None else name)
+    return ", ".join(rows)
+
+
+def _folds(qt: QuantizedTensor) -> bool:
+    """Whether a two-level nvfp4 tensor's per-tensor scale folds exactly into its UE4M3 block scales.
+
+    The same check :func:`gguf_types.encode` makes, on the scales alone (1/16 of the values).
+    """
+    glob = np.asarray(shim.to_host(qt.global_scale)).astype(np.float32).reshape(1)
+    try:
+        gguf_types._fold(np.asarray(shim.to_host(qt.scales)).astype(np.float32), float(glob[0]))
+    except SchemeError:
+        return False
+    return True
+
+
+def _tensor_out(name: str, value: Any) -> list[tuple[_Out, Callable[[], np.ndarray]]]:
+    """What one tensor becomes in the file, and how to get its bytes when its turn comes.
+
+    One entry, or two for a two-level nvfp4 tensor whose per-tensor scale does not fold into
+    its block scales: the NVFP4 blocks, then the scale as the F32 tensor llama.cpp names for it.
+    """
+    if not isinstance(name, str) or not name:
+        msg = f"GGUF tensor names are non-empty strings, got {name!r}"
+        raise ShapeError(msg)
+    if isinstance(value, QuantizedTensor):
+        type_name = gguf_types.type_of(value.scheme)
+        if type_name is None:
+            msg = f"tensor {name!r}: scheme {value.scheme} has no GGUF type; GGUF holds exactly {_exact_list()}"
+            raise SchemeError(msg)
+        shape = tuple(int(n) for n in value.shape)
+        block = _sizes(type_name)[0]
+        if not shape or shape[-1] % block:
+            msg = f"tensor {name!r}: {type_name} needs rows of whole {block}-value blocks, the shape is {list(shape)}"
+            raise ShapeError(msg)
+
+        out = _Out(name, type_name, shape, _nbytes(type_name, shape))
+        if type_name == "NVFP4" and value.global_scale is not None and not _folds(value):
+            glob = np.asarray(shim.to_host(value.global_scale)).astype("<f4").reshape(1)
+
+            def blocks() -> np.ndarray:
+                _, data, _ = gguf_types.encode_split(value)
+                return np.ascontiguousarray(np.asarray(data, np.uint8))
+
+            return [(out, blocks), (_Out(_scale_name(name), "F32", (1,), 4), lambda: glob.view(np.uint8))]
+
+        def encoded() -> np.ndarray:
+            _, data = gguf_types.encode(value)
+            return np.ascontiguousarray(np.asarray(data, np.uint8))
+
+        return [(out, encoded)]
+    arr = shim.to_host(value) if not isinstance(value, np.ndarray) else value
+    type_name_ = _ARRAY_TYPES.get(arr.dtype.name)
+    if type_name_ is None:
+        msg = (
+            f"tensor {name!r}: GGUF holds arrays of {', '.join(sorted(_ARRAY_TYPES))}, not {arr.dtype.name}; "
+            "convert it first"
+        )
+        raise DTypeError(msg)
+    if arr.ndim > _MAX_DIMS:
+        msg = f"tensor {name!r} has {arr.ndim} dimensions; GGUF tensors have at most {_MAX_DIMS}"
+        raise ShapeError(msg)
+    little = arr.astype(arr.dtype.newbyteorder("<"), copy=False) if arr.dtype.byteorder == ">" else arr
+    return [(_Out(name, type_name_, tuple(arr.shape), arr.nbytes), lambda: np.ascontiguousarray(little).view(np.uint8))]
+
+
+def save(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, Any],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    arch: str | None = None,
+) -> None:
+    """Write tensors to a GGUF file, atomically (a temporary file renamed into place).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The output file; replaced if it exists.
+    tensors : mapping of str to QuantizedTensor or array
+        QuantizedTensors of a scheme GGUF holds exactly (``Q8_0``, ``Q4_0``, ``MXFP4``, ...: see
+        :mod:`arrayquant.io.gguf_types`), written as that type; arrays of float32, float16,
+        bfloat16, float64 or int8 ... int64, written as ``F32``, ``F16``, ``BF16``, ...
+        A two-level ``nvfp4`` tensor is ``NVFP4`` with its per-tensor scale folded into the
+        block scales where that is exact; otherwise, as llama.cpp stores it, ``NVFP4`` followed
+        by the per-tensor scale as the F32 tensor of shape (1,) ``<name>.scale`` (``.weight``
+        replaced: ``blk.0.attn_q.weight`` -> ``blk.0.attn_q.scale``), which :func:`iter_tensors`
+        and :func:`load` read back into the one two-level tensor.
+    metadata : mapping of str to value, optional
+        Key/values, in order after ``general.architecture``. A ``gguf.GGUFValue`` is written
+        with its type; a Python value is typed as llama.cpp's converters do: int as UINT32
+        (INT32/INT64/UINT64 where it does not fit), float as FLOAT32, str, bool, and lists of
+        one of those (int lists as INT32).
+    arch : str, optional
+        ``general.architecture``; default: the one in ``metadata``, else ``"arrayquant"``.
+
+    Raises
+    ------
+    SchemeError
+        A QuantizedTensor whose scheme has no GGUF type (the message lists those that have one).
+    DTypeError
+        An array of another dtype (bool, uint8, fp8, ...).
+    ShapeError
+        More than four dimensions, rows that are not whole blocks of the GGUF type, or an
+        nvfp4 per-tensor scale tensor whose name is that of another tensor.
+    ParamsError
+        A metadata value with no GGUF type, or a key gguf-py reserves (``GGUF.*``).
+    """
+    target = Path(path)
+    g = _gguf()
+    fields: dict[str, Any] = {}
+    given = dict(metadata or {})
+    arch_value = given.pop(_ARCH_KEY, None)
+    arch_name = arch if arch is not None else (arch_value.value if isinstance(arch_value, g.GGUFValue) else arch_value)
+    fields[_ARCH_KEY] = g.GGUFValue(str(arch_name or "arrayquant"), g.GGUFValueType.STRING)
+    for key, value in given.items():
+        if not isinstance(key, str) or not key or key.startswith("GGUF."):
+            msg = f"metadata key {key!r}: keys are non-empty strings, and GGUF.* names gguf-py's own entries"
+            raise ParamsError(msg)
+        fields[key] = _metadata_value(key, value)
+    align = fields.get(_ALIGN_KEY)
+    if align is not None and (
+        align.type != g.GGUFValueType.UINT32
+        or not isinstance(align.value, int)
+        or align.value <= 0
+        or align.value & (align.value - 1)
+    ):
+        msg = f"metadata {_ALIGN_KEY!r} must be a UINT32 power of two, got {align.value!r}"
+        raise ParamsError(msg)
+    outs: list[tuple[_Out, Callable[[], np.ndarray]]] = []
+    scale_names: set[str] = set()
+    for name, value in tensors.items():
+        these = _tensor_out(name, value)
+        for o, _ in these[1:]:  # an nvfp4 per-tensor scale tensor, named after its weight
+            if o.name in tensors or o.name in scale_names:
+                msg = (
+                    f"tensor {name!r}: its nvfp4 per-tensor scale goes in the F32 tensor {o.name!r} "
+                    "(llama.cpp's layout: '.weight' -> '.scale'), which is also the name of another tensor; "
+                    "rename one"
+                )
+                raise ShapeError(msg)
+            scale_names.add(o.name)
+        outs.extend(these)
+    with _writing(target, fields[_ARCH_KEY].value, fields, [o for o, _ in outs]) as writer:
+        for o, data in outs:
+            _write(writer, o, data())
+
+
+def _write(writer: Any, o: _Out, data: np.ndarray) -> None:
+    if data.nbytes != o.nbytes:
+        msg = (
+            f"tensor {o.name!r}: {data.nbytes} bytes of {o.type_name} where its shape {list(o.shape)} needs {o.nbytes}"
+        )
+        raise ShapeError(msg)
+    writer.write_tensor_data(data.reshape(-1))
+
+
+# ---------------------------------------------------------------------------------------------
+# re-quantizing
+
+
+@dataclass
+class GGUFSummary:
+    """What :func:`quantize_file` did: the tensors quantized, and every multi-dimensional one not, with why."""
+
+    type_name: str  # the GGUF type written
+    quantized: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)
+    format: str = NAME
+
+
+def _target(scheme: QuantScheme | str) -> tuple[QuantScheme, str]:
+    if isinstance(scheme, str):
+        text = scheme.strip()
+        if text.upper() in gguf_types.EXACT:
+            exact = gguf_types.scheme_of(text.upper())
+            if exact is None:
+                msg = f"GGUF type {text.upper()} is not available as a scheme; GGUF holds exactly {_exact_list()}"
+                raise SchemeError(msg)
+            scheme = exact
+        else:
+            scheme = QuantScheme.parse(text)
+    if not isinstance(scheme, QuantScheme):
+        msg = f"scheme must be a QuantScheme or its text, got {type(scheme).__name__}"
+        raise SchemeError(msg)
+    type_name = gguf_types.type_of(scheme)
+    if type_name is None:
+        msg = f"scheme {scheme} has no GGUF type; GGUF holds exactly {_exact_list()}"
+        raise SchemeError(msg)
+    return scheme, type_name
+
+
+def _ggml_rank(shape: tuple[int, ...]) -> int:
+    """ggml_n_dims: the rank without GGML's trailing (NumPy's leading) extents of 1."""
+    rank = len(shape)
+    while rank > 1 and shape[len(shape) - rank] == 1:
+        rank -= 1
+    return max(rank, 1)
+
+
+def _why_kept(t: _Info, type_name: str, include: Sequence[str], exclude: Sequence[str]) -> str | None:
+    """Why llama-quantize's rules (or the globs) leave this tensor as it is, or None to quantize it."""
+    if not t.name.endswith("weight"):
+        return "not a weight (llama-quantize quantizes tensors whose names end in 'weight')"
+    if _ggml_rank(t.shape) < 2:
+        return "1-d (llama-quantize quantizes 2-d and 3-d weights only)"
+    for part in _KEPT:
+        if part in t.name:
+            return f"llama-quantize keeps '*{part}*' tensors as they are"
+    if include and not any(fnmatch.fnmatchcase(t.name, p) for p in include):
+        return "not selected by --include/--exclude"
+    if any(fnmatch.fnmatchcase(t.name, p) for p in exclude):
+        return "not selected by --include/--exclude"
+    if t.type_name == type_name:
+        return f"already {type_name}, copied unchanged"
+    if t.type_name not in _FLOAT_SOURCES:
+        return f"already quantized as {t.type_name}; llama-quantize does not re-quantize by default, copied unchanged"
+    block = _sizes(type_name)[0]
+    if t.shape[-1] % block:
+        return f"rows of {t.shape[-1]} values are not whole {type_name} blocks of {block}; kept as {t.type_name}"
+    return None
+
+
+def _file_type(type_name: str) -> int | None:
+    lft = _gguf().LlamaFileType
+    special = {"F32": "ALL_F32", "MXFP4": "MOSTLY_MXFP4_MOE"}
+    member = getattr(lft, special.get(type_name, f"MOSTLY_{type_name}"), None)
+    return None if member is None else int(member)
+
+
+def quantize_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    scheme: QuantScheme | str,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    progress: Callable[[str], None] | None = None,
+) -> GGUFSummary:
+    """Re-quantize a GGUF file into another, as ``llama-quantize`` does, tensor by tensor.
+
+    Every key/value is kept, in order (architecture, tokenizer, chat template, ...); where a
+    tensor is quantized, ``general.file_type`` and ``general.quantization_version`` are set as
+    llama-quantize sets them. Every tensor keeps its name, order and shape. The weights
+    llama-quantize quantizes are quantized: names ending in ``weight``, of 2 or more dimensions
+    (not counting GGML's trailing 1s), except norms, MoE routers and the other small tensors it
+    keeps (see ``_KEPT``). Like llama-quantize's ``--pure``, every such weight gets the one
+    type asked for, ``token_embd`` and ``output`` included (without ``--pure`` llama-quantize
+    picks other types, such as Q6_K, for some; those are no arrayquant schemes). Tensors that
+    are quantized already are copied unchanged (llama-quantize refuses to re-quantize without
+    ``--allow-requantize``), as are weights whose rows are not whole blocks.
+
+    The header is written first, then each tensor's data, read, quantized and written one at a
+    time: memory stays near a few copies of the largest tensor. The output is a temporary file
+    renamed over ``dst`` at the end.
+
+    Parameters
+    ----------
+    src, dst : path
+        The GGUF file to read and the one to write (may be the same).
+    scheme : QuantScheme or str
+        A scheme with a GGUF type, by arrayquant name or GGUF name (``"q8_0"``, ``"mxfp4"``). A GGUF
+        name wins over an arrayquant name spelled the same: ``"nvfp4"`` is GGUF's single-level
+        NVFP4 (``e2m1:block16:ue4m3``), since GGUF blocks have no per-tensor scale. The two-level
+        nvfp4, ``QuantScheme.nvfp4()`` or its text ``"e2m1:block16:ue4m3:tensor:f32:packed_native"``,
+        is written as llama.cpp's converter writes NVFP4 checkpoints: each weight as ``NVFP4``
+        blocks followed by its per-tensor scale, the F32 tensor of shape (1,) ``<name>.scale``
+        (``.weight`` replaced); a weight whose scale name the file already has is kept as it is.
+        ``general.file_type`` is ``MOSTLY_NVFP4`` either way, as llama.cpp sets it.
+    include, exclude : sequence of str
+        Globs on tensor names narrowing the weights quantized.
+    progress : callable, optional
+        Called with each tensor's name once it is written (per-tensor scale tensors included).
+
+    Returns
+    -------
+    GGUFSummary
+
+    Raises
+    ------
+    SchemeError
+        A scheme with no GGUF type (the message lists those that have one).
+    CorruptDataError
+        ``src`` is not a sound GGUF file.
+    """
+    scheme_, type_name = _target(scheme)
+    split = type_name == "NVFP4" and scheme_.tensor is not None  # two-level: blocks + F32 '<name>.scale'
+    g = _gguf()
+    with _opened(src) as f:
+        fields = f.fields()
+        arch = fields.get(_ARCH_KEY)
+        summary = GGUFSummary(type_name)
+        names = {t.name for t in f.tensors}  # with the scale tensors planned so far: a scale may not clash
+        # (source tensor, what is written, "quantize" / "copy"; or None, the F32 scale, "scale")
+        plan: list[tuple[_Info | None, _Out, str]] = []
+        for t in f.tensors:
+            why = _why_kept(t, type_name, include, exclude)
+            sname = _scale_name(t.name)
+            if why is None and split and sname in names:
+                why = (
+                    f"its nvfp4 per-tensor scale would go in {sname!r} (llama.cpp's '.weight' -> '.scale'), "
+                    f"a name the file already has; kept as {t.type_name}"
+                )
+            if why is None:
+                plan.append((t, _Out(t.name, type_name, t.shape, _nbytes(type_name, t.shape)), "quantize"))
+                summary.quantized.append(t.name)
+                if split:
+                    plan.append((None, _Out(sname, "F32", (1,), 4), "scale"))
+                    names.add(sname)
+            else:
+                plan.append((t, _Out(t.name, t.type_name, t.shape, t.nbytes), "copy"))
+                if _ggml_rank(t.shape) >= 2:
+                    summary.left_out[t.name] = why
+        ftype = _file_type(type_name)
+        if summary.quantized and ftype is not None:
+            fields[_FTYPE_KEY] = g.GGUFValue(ftype, g.GGUFValueType.UINT32)
+            fields[_QVERSION_KEY] = g.GGUFValue(_QNT_VERSION, g.GGUFValueType.UINT32)
+        with _writing(Path(dst), arch.value if arch is not None else "", fields, [o for _, o, _ in plan]) as writer:
+            glob: np.ndarray | None = None  # the per-tensor scale of the tensor just written, if split
+            for src_t, o, action in plan:
+                if src_t is None:  # the F32 scale tensor right after its NVFP4 weight
+                    if glob is None:  # pragma: no cover - encode_split gives a two-level tensor's scale
+                        msg = f"tensor {o.name!r}: no per-tensor scale came with its weight"
+                        raise SchemeError(msg)
+                    _write(writer, o, np.ascontiguousarray(glob.astype("<f4").reshape(1)).view(np.uint8))
+                    glob = None
+                    if progress is not None:
+                        progress(o.name)
+                    continue
+                t = src_t
+                if action == "quantize":
+                    raw = f.raw(t)
+                    values, _ = _value(raw, t, "numpy", None)
+                    floats = np.asarray(values, np.float32)
+                    del raw, values
+                    qt = quantize(floats, scheme_)
+                    del floats
+                    if split:  # as llama.cpp stores it: blocks as they are, the scale apart
+                        got, data, glob = gguf_types.encode_split(qt)
+                    else:
+                        got, data = gguf_types.encode(qt)
+                    del qt
+                    if got != type_name:  # pragma: no cover - type_of and encode agree by construction
+                        msg = f"tensor {t.name!r}: encoded as {got}, planned as {type_name}"
+                        raise SchemeError(msg)
+                    _write(writer, o, np.ascontiguousarray(np.asarray(data, np.uint8)))
+                else:
+                    raw = f.raw(t)
+                    _write(writer, o, raw)
+                    del raw
+                if progress is not None:
+                    progress(o.name)
+    return summary

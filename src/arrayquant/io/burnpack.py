@@ -355,7 +355,7 @@ def _cbor2() -> Any:
     return cbor2
 
 
-def _decode_cbor(raw: bytes, where: str) -> Any:
+def _decode_cbor(raw: bytes | bytearray, where: str) -> Any:
     cbor2 = _cbor2()
     fp = io.BytesIO(raw)
     decoder = cbor2.CBORDecoder(
@@ -602,8 +602,8 @@ class BurnpackFile:
             name, desc["dtype"], shape, self.data_start + start, self.data_start + end, param_id, scheme
         )
 
-    def _read(self, at: int, n: int) -> bytes:
-        buf = bytearray(n)
+    def _read(self, at: int, n: int) -> bytearray:
+        buf = bytearray(n)  # returned as is: a tensor is read into memory once, not copied again
         view, done = memoryview(buf), 0
         self._file.seek(at)
         while done < n:
@@ -612,9 +612,9 @@ class BurnpackFile:
                 msg = f"{self.path}: the file ends {n - done} bytes early; it changed or was truncated while read"
                 raise CorruptDataError(msg)
             done += got
-        return bytes(buf)
+        return buf
 
-    def raw(self, name: str) -> bytes:
+    def raw(self, name: str) -> bytearray:
         """A tensor's stored bytes."""
         e = self.by_name[name]
         return self._read(e.start, e.nbytes)
@@ -643,7 +643,8 @@ class BurnpackFile:
                 raise CorruptDataError(msg)
             return codes.astype(bool).reshape(e.shape), "" if store == "Native" else f"Bool({store}) read as bool"
         raw, spec = _PLAIN[e.dtype]
-        arr = np.frombuffer(data, dtype=raw).astype(np.dtype(raw).newbyteorder("=")).reshape(e.shape)
+        # a view of the buffer just read on a little-endian machine; byte-swapped on a big-endian one
+        arr = np.frombuffer(data, dtype=raw).astype(np.dtype(raw).newbyteorder("="), copy=False).reshape(e.shape)
         if e.dtype == "BF16":
             arr = arr.view(_ml_dtype(spec))
         return arr, "Flex32 read as float32" if e.dtype == "Flex32" else ""
@@ -731,7 +732,7 @@ def iter_tensors(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any, str]]
 
 
 # -- writing ---------------------------------------------------------------------------------------
-def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+def _write_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -1048,12 +1049,11 @@ def quantize_file(
                 why = _why_not(e, include, exclude)
                 if why is None:
                     host, _ = f.tensor(e.name)
-                    x = np.asarray(host, dtype=np.float32) if e.kind in ("F16", "BF16") else host
                     try:
-                        qt = quantize(x, s)
+                        qt = quantize(host, s)  # f16/bf16 are computed in f32 by quantize, a slab at a time
                     except NonFiniteInputError as exc:
                         raise NonFiniteInputError(f"tensor {e.name!r} of {src}: {exc}") from None
-                    del host, x
+                    del host
                     summary.quantized.append(e.name)
                     yield e.name, qt
                     del qt  # only one quantized tensor alive at a time

@@ -972,6 +972,33 @@ def _file_type(type_name: str) -> int | None:
     return None if member is None else int(member)
 
 
+_SLAB_BYTES = 2 << 20  # float32 bytes of the rows quantized at a time
+
+
+def _encoded_rows(f: _File, t: _Info, scheme: QuantScheme, type_name: str) -> np.ndarray:
+    """The GGUF bytes of float tensor ``t`` quantized with a one-level ``scheme``, a slab of rows at a time.
+
+    GGUF's block types block the last axis only, so rows are independent: each slab is read,
+    quantized and encoded alone, and only the encoded tensor is ever whole in memory. The bytes
+    are those of quantizing and encoding the whole tensor at once.
+    """
+    cols, rows = t.shape[-1], math.prod(t.shape[:-1])  # quantized tensors have two or more axes
+    row_in = t.nbytes // max(rows, 1)
+    row_out = _nbytes(type_name, (1, cols))
+    out = np.empty((rows, row_out), np.uint8)
+    step = max(1, _SLAB_BYTES // (4 * cols))
+    for start in range(0, rows, step):
+        n = min(step, rows - start)
+        slab = t._replace(shape=(n, cols), start=t.start + start * row_in, nbytes=n * row_in)
+        values, _ = _value(f.raw(slab), slab, "numpy", None)
+        got, data = gguf_types.encode(quantize(values, scheme))
+        if got != type_name:  # pragma: no cover - type_of and encode agree by construction
+            msg = f"tensor {t.name!r}: encoded as {got}, planned as {type_name}"
+            raise SchemeError(msg)
+        out[start : start + n] = np.asarray(data, np.uint8).reshape(n, row_out)
+    return out.reshape(-1)
+
+
 def quantize_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -1072,17 +1099,16 @@ def quantize_file(
                         progress(o.name)
                     continue
                 t = src_t
-                if action == "quantize":
+                if action == "quantize" and not split:  # rows are independent: a slab at a time
+                    _write(writer, o, _encoded_rows(f, t, scheme_, type_name))
+                elif action == "quantize":  # the per-tensor scale needs the whole tensor
                     raw = f.raw(t)
                     values, _ = _value(raw, t, "numpy", None)
-                    floats = np.asarray(values, np.float32)
-                    del raw, values
-                    qt = quantize(floats, scheme_)
-                    del floats
-                    if split:  # as llama.cpp stores it: blocks as they are, the scale apart
-                        got, data, glob = gguf_types.encode_split(qt)
-                    else:
-                        got, data = gguf_types.encode(qt)
+                    del raw
+                    qt = quantize(values, scheme_)  # f16/bf16 are computed in f32 by quantize, a slab at a time
+                    del values
+                    # as llama.cpp stores it: blocks as they are, the scale apart
+                    got, data, glob = gguf_types.encode_split(qt)
                     del qt
                     if got != type_name:  # pragma: no cover - type_of and encode agree by construction
                         msg = f"tensor {t.name!r}: encoded as {got}, planned as {type_name}"

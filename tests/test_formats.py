@@ -158,6 +158,12 @@ def test_cli_safetensors_to_burnpack_and_back(tmp_path: Path, capsys: pytest.Cap
     assert aq.to_bytes(got["fc.weight"]) == aq.to_bytes(aq.quantize(x, "q4s:block32:f16"))
     np.testing.assert_array_equal(got["fc.bias"], b)
 
+    named = tmp_path / "model.bin"  # a name that says nothing: --format says burnpack
+    assert main(["quantize", str(src), str(named), "--scheme", "q8s", "--format", "burnpack", "--quiet"]) == 0
+    capsys.readouterr()
+    assert named.read_bytes()[:4] == b"NRUB"
+    assert aq.to_bytes(aq.load(named)["fc.weight"]) == aq.to_bytes(aq.quantize(x, "q8s"))
+
     again = tmp_path / "model-q8.bpk"
     assert main(["quantize", str(bpk), str(again), "--scheme", "q8s"]) == 0  # a .bpk in: a .bpk out
     assert "quantized 0 tensors" in capsys.readouterr().out  # its weight is quantized already

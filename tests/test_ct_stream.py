@@ -138,3 +138,30 @@ def test_truncated_source_is_corrupt(tmp_path: Path) -> None:
         assert not (tmp_path / "c.safetensors").exists()
     finally:
         st.close()
+
+
+SEARCHED = [
+    (scheme, calibration)
+    for scheme in ("mxfp4", "q4s:block32:f16", "nvfp4", "e4m3:tensor:f32:native")
+    for calibration in ("mse", "4over6", "percentile:99")
+    if calibration != "4over6" or scheme == "nvfp4"  # 4over6 is for E2M1 values with UE4M3 block scales
+]
+
+
+@pytest.mark.parametrize(("scheme", "calibration"), SEARCHED)
+def test_searched_calibrations_give_the_whole_tensor_bits(tmp_path: Path, scheme: str, calibration: str) -> None:
+    """Blocks lie within a slab, so a per-block search matches the whole tensor's; a per-tensor or two-level
+    search reads the tensor whole."""
+    x = _data((300, 256), "heavy", np.float32)
+    imp = np.random.default_rng(4).uniform(0, 2, 256).astype(np.float32)
+    path = tmp_path / "w.safetensors"
+    save_stream(path, iter([("m.weight", x)]))
+    weights = {"importance": imp} if calibration != "percentile:99" else {}
+    want = write_weight(aq.quantize(x, scheme, calibration=calibration, **weights), "m")
+    with SafetensorsFile(path) as st:
+        got = quantize_entry(
+            st, "m.weight", aq.QuantScheme.parse(scheme), "m", slab_bytes=3000, calibration=calibration, **weights
+        )
+    assert list(got) == list(want)
+    for key, arr in want.items():
+        assert got[key].tobytes() == arr.tobytes(), key

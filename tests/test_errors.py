@@ -115,8 +115,8 @@ def test_unknown_mode_name() -> None:
 
 def test_unknown_calibration_name() -> None:
     x = np.ones((1, 4), np.float32)
-    with pytest.raises(aq.SchemeError, match=r"unknown calibration 'mse'; use one of 'minmax', 'absmean'"):
-        aq.quantize(x, Q8S, calibration="mse")
+    with pytest.raises(aq.SchemeError, match=r"unknown calibration 'mean'; use one of 'minmax', 'absmean', 'mse'"):
+        aq.quantize(x, Q8S, calibration="mean")
 
 
 def test_unknown_store_name() -> None:

@@ -119,7 +119,9 @@ def test_quant_value() -> None:
 
 def test_quant_mode_and_calibration() -> None:
     assert [m.name for m in aq.QuantMode] == ["SYMMETRIC", "LOOKUP"]
-    assert [c.name for c in aq.Calibration] == ["MINMAX", "ABSMEAN"]
+    assert [c.name for c in aq.Calibration] == ["MINMAX", "ABSMEAN", "MSE", "PERCENTILE", "FOUR_OVER_SIX"]
+    assert aq.MSE() == aq.MSE(grid=100, max_shrink=0.2, norm=2.4)
+    assert aq.Percentile().q == 99.9
     assert aq.QuantScheme().with_mode("lookup").mode is aq.QuantMode.LOOKUP
 
 
@@ -235,10 +237,11 @@ def test_nf4() -> None:
 # ---------------------------------------------------------------------------------------------
 
 SIGNATURES = {
-    "compute_range": "(x, scheme, calibration='minmax')",
+    "compute_range": "(x, scheme, calibration='minmax', *, importance=None)",
     "compute_q_params": "(scheme, min, max, *, table=None)",
     "quantize": (
-        "(x, scheme, params=None, *, calibration='minmax', table=None, rounding='half_even', check_finite=True)"
+        "(x, scheme, params=None, *, calibration='minmax', importance=None, table=None, rounding='half_even', "
+        "check_finite=True)"
     ),
     "dequantize": "(qt, dtype=None)",
     "round_up_scales": "(s, scale_dtype)",

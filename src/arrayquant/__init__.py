@@ -26,6 +26,7 @@ from .errors import (
     ShapeError,
     UnexpectedGlobalScaleError,
 )
+from .gptq import GPTQResult, gptq_quantize, gptq_solve
 from .io import from_bytes, load, save, to_bytes
 from .io.ct_model import ModelSummary, quantize_model
 from .metrics import ErrorMeter, ErrorReport, error_report, sqnr
@@ -41,6 +42,7 @@ from .scheme import (
     QuantValue,
     ScaleDtype,
 )
+from .scheme.values import MSE, Percentile
 from .storage import pack, quantized_nbytes, unpack
 from .tensor import QuantizedTensor
 
@@ -53,6 +55,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "MSE",
     "NF4",
     "BackendUnavailableError",
     "BlockSize",
@@ -62,10 +65,12 @@ __all__ = [
     "DeviceError",
     "ErrorMeter",
     "ErrorReport",
+    "GPTQResult",
     "MissingGlobalScaleError",
     "ModelSummary",
     "NonFiniteInputError",
     "ParamsError",
+    "Percentile",
     "QParams",
     "QuantMode",
     "QuantScheme",
@@ -86,6 +91,8 @@ __all__ = [
     "error_report",
     "errors",
     "from_bytes",
+    "gptq_quantize",
+    "gptq_solve",
     "load",
     "pack",
     "quantize",

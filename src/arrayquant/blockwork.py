@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from array_api_compat import device as device_of
+
 from .invariants import Plan, can_read
 from .kernels import (
     absmax,
@@ -25,7 +27,10 @@ from .kernels import (
     quantize_int,
     quantize_lookup,
 )
+from .kernels.calibrate import finite_abs
 from .kernels.minifloat import FORMATS
+from .kernels.qparams import block_scales, effective_scale, normalise_scales, scales_from_absmax, store_scales
+from .kernels.search import element_weights, percentile_alpha, search_blocks
 from .scheme import F32_MAX, Calibration
 from .storage import pack_codes, unpack_values
 
@@ -48,16 +53,77 @@ class Steps:
     calibration: Calibration = Calibration.MINMAX
     rounding: str = "half_even"
     scrub: bool = False
+    spec: Any = None  # the CalSpec of a search or percentile calibration (options resolved)
 
     @property
     def dims(self) -> tuple[int, ...]:
         return self.plan.block_dims(self.shape)
 
+    @property
+    def searches(self) -> bool:
+        """Whether the scales come from a per-block (or per-tensor) error search (MSE, 4over6)."""
+        return self.spec is not None and self.spec.searches
+
     def alpha(self, xc: Any, *, xp: Any) -> Any:
-        """``max|x|`` (or the AbsMean range) per block of the chunk: its part of the scale grid."""
+        """``max|x|`` (or the AbsMean or percentile range) per block of the chunk: its part of the scale grid.
+
+        For a search calibration this is the search's starting point ``max|x|`` (see :meth:`search`).
+        """
         if self.calibration is Calibration.ABSMEAN:
             return compute_range(xc, self.dims, self.calibration, xp=xp, finite_only=self.scrub)[1]
+        if self.calibration is Calibration.PERCENTILE:
+            xf = xp.astype(xc, xp.float32, copy=False)
+            a = finite_abs(xf, xp=xp) if self.scrub else xp.abs(xf)
+            alpha = percentile_alpha(a, self.dims, self.spec.q_num, self.spec.q_den, xp=xp)
+            if self.scrub:
+                return alpha
+            # NaN/inf sort last and may not be picked: keep them visible to the finiteness check
+            top = xp.max(a)
+            return xp.where(xp.isfinite(top), alpha, top)
         return absmax(xc, self.dims, xp=xp, finite_only=self.scrub)
+
+    def scale_of(self, alpha: Any, glob: Any, table: Any, *, xp: Any) -> Any:
+        """The effective scales a range ``alpha`` gives: stored (rounded up or OCP), times any global."""
+        plan = self.plan
+        if glob is None:
+            return store_scales(scales_from_absmax(alpha, plan, xp=xp, table=table)[0], plan, xp=xp)
+        stored = store_scales(normalise_scales(block_scales(alpha, plan, xp=xp, table=table), glob, xp=xp), plan, xp=xp)
+        return effective_scale(stored, glob, plan, xp=xp)
+
+    def roundtrip(self, xb: Any, eff_b: Any, table: Any, *, xp: Any) -> Any:
+        """Quantize then dequantize ``xb`` (a block view, or whole data with ``eff_b`` broadcastable)."""
+        return self._decode(self._encode(xb, eff_b, table, xp=xp), eff_b, table, xp=xp)
+
+    def finite(self, xc: Any, *, xp: Any) -> Any:
+        """The chunk in f32, non-finite values as 0 when the input is not verified finite."""
+        xf = xp.astype(xc, xp.float32, copy=False)
+        if not self.scrub:
+            return xf
+        return xp.where(xp.isfinite(xf), xf, xp.asarray(0.0, dtype=xp.float32, device=device_of(xf)))
+
+    def weights(self, shape: tuple[int, ...], importance: Any, *, xp: Any, device: Any) -> Any:
+        """Per-element error weights of a chunk (its slice of the importance vector, or 1)."""
+        return element_weights(shape, importance, xp=xp, device=device)
+
+    def search(self, xc: Any, amax: Any, table: Any, glob: Any, importance: Any, *, xp: Any) -> Any:
+        """The searched range per block of a chunk (grid-shaped), from its ``max|x|`` grid ``amax``.
+
+        ``glob``: the fixed two-level global (None for one level); ``importance``: the chunk's
+        last-axis weights (None for none).
+        """
+        spec = self.spec
+        xf = self.finite(xc, xp=xp)
+        return search_blocks(
+            xf,
+            amax,
+            self.dims,
+            spec.factors,
+            spec.norm,
+            self.weights(tuple(xf.shape), importance, xp=xp, device=device_of(xf)),
+            scale_of=lambda a: self.scale_of(a, glob, table, xp=xp),
+            roundtrip=lambda xb, eb: self.roundtrip(xb, eb, table, xp=xp),
+            xp=xp,
+        )
 
     def codes(self, xc: Any, eff: Any, table: Any, *, xp: Any) -> Any:
         """Codes of the chunk under effective scales ``eff`` (its part of the grid, or ``(1,)``)."""

@@ -29,7 +29,7 @@ from . import cli_commands as commands
 from .backends import available, default, shim
 from .convert import asarray
 from .dequantize import dequantize
-from .errors import BackendUnavailableError, DeviceError, QuantizationError
+from .errors import BackendUnavailableError, DeviceError, QuantizationError, ShapeError
 from .io.formats import detect
 from .metrics import error_report
 from .quantize import quantize
@@ -83,6 +83,10 @@ def _quantize_values(x: object, text: str) -> object:
     return shim.to_host(quantize(x, text).values)  # to_host waits for asynchronous devices
 
 
+def _calibrated_values(x: object, text: str, calibration: str) -> object:
+    return shim.to_host(quantize(x, text, calibration=calibration).values)
+
+
 def _dequantize_host(qt: QuantizedTensor) -> object:
     return shim.to_host(dequantize(qt))
 
@@ -92,6 +96,7 @@ def _demo(args: argparse.Namespace) -> int:
         return commands.write_demo_checkpoint(args.write_checkpoint, demo_data)
     for text in args.schemes:  # refuse a bad scheme before any work or output
         commands.check_scheme(text)
+    valid = _calibrations_valid(args.schemes, args.calibrations)
     if args.rows * args.cols > DEMO_LIMIT:
         msg = (
             f"--rows {args.rows} --cols {args.cols} is {args.rows * args.cols * 4 / 2**30:.1f} GiB of float32 data; "
@@ -121,7 +126,56 @@ def _demo(args: argparse.Namespace) -> int:
             f"{gb / tq:>10.2f} {gb / td:>12.2f}"
         )
     print("\nbits/value counts stored values, scales and the per-tensor scale (Burn byte layout).")
+    if args.calibrations:
+        _demo_calibrations(x, host, args, valid)
+    else:
+        print("arrayquant demo --calibration mse --calibration 4over6 shows what a search calibration gains.")
     return 0
+
+
+def _calibrations_valid(schemes: Sequence[str], calibrations: Sequence[str]) -> dict[tuple[str, str], str]:
+    """Why each (scheme, calibration) pair is refused ("" where it is valid), tried on one value;
+    a calibration that no scheme takes is refused before any work, with the library's message."""
+    why: dict[tuple[str, str], str] = {}
+    for c in calibrations:
+        first: QuantizationError | None = None
+        for text in schemes:
+            try:
+                quantize(np.zeros((1, 1), np.float32), text, calibration=c)
+                why[text, c] = ""
+            except ShapeError:  # a packed axis one value lacks: decided on the data
+                why[text, c] = ""
+            except QuantizationError as exc:
+                why[text, c] = f"{type(exc).__name__}: {exc}"
+                first = first or exc
+        if first is not None and all(why[t, c] for t in schemes):
+            raise first
+    return why
+
+
+def _demo_calibrations(x: object, host: np.ndarray, args: argparse.Namespace, why: dict[tuple[str, str], str]) -> None:
+    """The demo's second table: SQNR per scheme and calibration, its gain over MinMax and its time
+    relative to MinMax's."""
+    print("\nSQNR dB by calibration: (gain over minmax in dB, time relative to minmax's)")
+    header = [f"{'scheme':<30}", f"{'minmax':>8}", *(f"{c:>22}" for c in args.calibrations)]
+    print(" ".join(header))
+    print("-" * len(" ".join(header)))
+    refused: dict[str, str] = {}
+    for text in args.schemes:
+        base = error_report(host, shim.to_host(dequantize(quantize(x, text)))).sqnr
+        t0 = _best_seconds(functools.partial(_quantize_values, x, text), args.repeat)
+        cells = [f"{text:<30}", f"{base:>8.2f}"]
+        for c in args.calibrations:
+            if why[text, c]:
+                refused.setdefault(c, why[text, c])
+                cells.append(f"{'-':>22}")
+                continue
+            sqnr = error_report(host, shim.to_host(dequantize(quantize(x, text, calibration=c)))).sqnr
+            t = _best_seconds(functools.partial(_calibrated_values, x, text, c), args.repeat)
+            cells.append(f"{f'{sqnr:.2f} ({sqnr - base:+.2f}, {t / t0:.1f}x)':>22}")
+        print(" ".join(cells))
+    for c, reason in refused.items():
+        print(f"{c}: '-' where the scheme does not take it, e.g. {cli_message(reason)}")
 
 
 def _backends(_: argparse.Namespace) -> int:
@@ -186,6 +240,15 @@ def _parser() -> argparse.ArgumentParser:
         help=f"scheme text; repeat for several (default: {', '.join(DEMO_SCHEMES)})",
     )
     demo.add_argument(
+        "--calibration",
+        dest="calibrations",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="also quantize with this calibration (mse, percentile:99.5, 4over6, ...) and show its SQNR, gain "
+        "and time beside minmax's, per scheme (repeat)",
+    )
+    demo.add_argument(
         "--write-checkpoint", metavar="PATH", help="write a small synthetic f32 model checkpoint to PATH and exit"
     )
     demo.set_defaults(func=_demo)
@@ -246,6 +309,8 @@ def _quantize(a: argparse.Namespace) -> int:
             exclude=a.exclude,
             quiet=a.quiet,
             max_shard_size=a.max_shard_size,
+            calibration=a.calibration,
+            importance=a.importance,
         )
     if a.max_shard_size is not None:
         msg = "--max-shard-size applies to --format compressed-tensors only (model folders)"
@@ -261,7 +326,15 @@ def _quantize(a: argparse.Namespace) -> int:
             msg = f"--min-size, --backend, --device and --nonfinite do not apply to {kind} files"
             raise commands.CommandError(msg)
         return commands.quantize_format_file(
-            kind, a.input, a.output, a.scheme, include=a.include, exclude=a.exclude, quiet=a.quiet
+            kind,
+            a.input,
+            a.output,
+            a.scheme,
+            include=a.include,
+            exclude=a.exclude,
+            quiet=a.quiet,
+            calibration=a.calibration,
+            importance=a.importance,
         )
     if fmt == "gguf":
         msg = (
@@ -284,6 +357,8 @@ def _quantize(a: argparse.Namespace) -> int:
         device=a.device,
         quiet=a.quiet,
         nonfinite=a.nonfinite,
+        calibration=a.calibration,
+        importance=a.importance,
     )
 
 
@@ -337,6 +412,19 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="NaN or infinity in a tensor to quantize: error (refuse, naming the tensor), zero (set them to 0 "
         "first), saturate (infinities saturate to the range ends; NaN gives code 0, or the NaN code of e4m3/e5m2)",
     )
+    q.add_argument(
+        "--calibration",
+        metavar="TEXT",
+        help="how each block's scale is chosen: minmax (Burn's, the default), absmean, mse (a clip search for the "
+        "smallest error; options as mse:grid=50,max_shrink=0.3,norm=2), percentile (percentile:99.5), 4over6 "
+        "(nvfp4: map each block's max to 6 or to 4, whichever errs less)",
+    )
+    q.add_argument(
+        "--importance",
+        metavar="FILE",
+        help="weight each input column's error by FILE's vector (with --calibration mse or 4over6): a safetensors "
+        "file of 1-D vectors keyed by weight name (e.g. mean squared activations), or llama.cpp's imatrix.gguf",
+    )
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=_quantize)
     d = _subparser(sub, "dequantize", help="turn the quantized tensors of a checkpoint back into floats")
@@ -364,7 +452,16 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument(
         "--plot", metavar="FILE.png", help="also draw a histogram of the errors (matplotlib: .png, .pdf, .svg, ...)"
     )
-    c.set_defaults(func=lambda a: commands.compare_checkpoints(a.original, a.quantized, a.plot))
+    c.add_argument(
+        "--calibration",
+        dest="calibrations",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="also quantize each quantized tensor again from ORIGINAL with its scheme and this calibration "
+        "(minmax, mse, percentile:99.5, 4over6, ...) and show the SQNR it gives beside QUANTIZED's (repeat)",
+    )
+    c.set_defaults(func=lambda a: commands.compare_checkpoints(a.original, a.quantized, a.plot, a.calibrations))
 
 
 # Python-API advice in library messages, and what to type on the command line instead

@@ -52,6 +52,7 @@ __all__ = [
     "CommandError",
     "Entry",
     "ErrorStats",
+    "check_calibration",
     "check_plot_path",
     "check_scheme",
     "compare_checkpoints",
@@ -129,6 +130,26 @@ def check_scheme(text: str) -> QuantScheme:
     with contextlib.suppress(ShapeError):
         quantize(np.zeros((1, 1), np.float32), scheme)
     return scheme
+
+
+def check_calibration(scheme: QuantScheme, text: str | None, weighted: bool = False) -> dict[str, Any]:
+    """Check ``--calibration`` (and that ``--importance`` fits it) on one value before any work.
+
+    Returns the keyword arguments for :func:`~arrayquant.quantize`: empty for the default
+    (MinMax), so the call is the plain one. The library's own checks decide, so the CLI accepts
+    exactly what ``quantize(..., calibration=text)`` accepts.
+    """
+    if text is None:
+        if weighted:
+            msg = "--importance weights a search: give it with --calibration mse or --calibration 4over6"
+            raise CommandError(msg)
+        return {}
+    options: dict[str, Any] = {"calibration": text}
+    probe: dict[str, Any] = {"importance": np.ones(1, np.float32)} if weighted else {}
+    # a ShapeError (a packed axis rank-2 data lacks) is decided per tensor, as in check_scheme
+    with contextlib.suppress(ShapeError):
+        quantize(np.zeros((1, 1), np.float32), scheme, **options, **probe)
+    return options
 
 
 _NONFINITE = ("error", "zero", "saturate")
@@ -331,17 +352,28 @@ def quantize_checkpoint(
     quiet: bool = False,
     nonfinite: str = "error",
     out_format: str = "arrayquant",
+    calibration: str | None = None,
+    importance: str | None = None,
 ) -> int:
     """``arrayquant quantize``: quantize the selected tensors of ``src`` into ``dst``, one at a time.
 
     ``nonfinite`` says what NaN and infinities in a selected tensor do: ``"error"`` refuses them
     (naming the tensor), ``"zero"`` sets them to 0 first, ``"saturate"`` quantizes unchecked
-    (infinities saturate, NaN gives code 0 or the NaN code of fp8 values).
+    (infinities saturate, NaN gives code 0 or the NaN code of fp8 values). ``calibration`` is
+    the text form ``quantize`` takes (``"mse"``, ``"percentile:99.5"``, ...; default MinMax);
+    ``importance`` a file :func:`arrayquant.io.importance.load_importance` reads, whose vectors
+    weight the search's error for the weights they name (the others are searched unweighted).
     """
     if nonfinite not in _NONFINITE:
         msg = f"--nonfinite {nonfinite!r} is not one of {', '.join(_NONFINITE)}"
         raise CommandError(msg)
     scheme = check_scheme(scheme_text)  # refuse an impossible scheme before any work or output
+    vectors: dict[str, np.ndarray] = {}
+    if importance is not None and calibration is not None:  # the file's own errors first
+        from .io.importance import load_importance
+
+        vectors = load_importance(importance)
+    options = check_calibration(scheme, calibration, importance is not None)
     tqdm = _tqdm()
     _output_folder(dst)
     _not_the_input(src, dst)
@@ -363,6 +395,13 @@ def quantize_checkpoint(
             )
             raise QuantizationError(msg)
         chosen = {e.name for e in ck.tensors if selected(e, include, exclude, min_size)}
+        if importance is not None:
+            from .io.importance import check_importance
+
+            check_importance(vectors, {e.name: e.shape for e in ck.tensors}, shown(importance))
+            unused = [n for n in vectors if n not in chosen]
+            if unused:
+                print(f"note: {len(unused)} importance vectors name tensors left unquantized (e.g. {unused[0]!r})")
         with tqdm(
             total=sum(e.nbytes for e in ck.tensors),
             desc="quantize",
@@ -388,7 +427,10 @@ def quantize_checkpoint(
                         x = asarray(host, backend=name, device=device)
                         del host
                         try:
-                            qt = quantize(x, scheme, check_finite=nonfinite != "saturate")
+                            weights = {}
+                            if e.name in vectors:
+                                weights["importance"] = asarray(vectors[e.name], backend=name, device=device)
+                            qt = quantize(x, scheme, check_finite=nonfinite != "saturate", **options, **weights)
                         except NonFiniteInputError as exc:
                             raise NonFiniteInputError(_nonfinite_message(e.name, src, exc)) from None
                         if e.dtype == "BF16":  # the original dtype, whichever backend quantized it
@@ -408,9 +450,14 @@ def quantize_checkpoint(
             else:
                 save_stream(dst, items(), metadata=ck.user_metadata)
     before, after = Path(src).stat().st_size, Path(dst).stat().st_size
+    how = f" ({calibration} calibration)" if calibration else ""
     print(
-        f"quantized {len(results)} of {len(ck.tensors)} tensors with {scheme} ({len(ck.tensors) - len(results)} copied)"
+        f"quantized {len(results)} of {len(ck.tensors)} tensors with {scheme}{how} "
+        f"({len(ck.tensors) - len(results)} copied)"
     )
+    if vectors:
+        weighted = sum(1 for n, _ in results if n in vectors)
+        print(f"importance: {weighted} of {len(results)} quantized tensors weighted by {shown(importance or '')}")
     print(f"size: {before / _MiB:.1f} MiB -> {after / _MiB:.1f} MiB ({before / max(after, 1):.2f}x smaller)")
     print(_sqnr_summary(results))
     if zeroed:
@@ -447,6 +494,8 @@ def quantize_model_folder(
     exclude: Sequence[str] = (),
     quiet: bool = False,
     max_shard_size: str | None = None,
+    calibration: str | None = None,
+    importance: str | None = None,
 ) -> int:
     """``arrayquant quantize IN OUT --format compressed-tensors``: a model folder transformers and vLLM load."""
     from .io.ct_formats import weight_format
@@ -455,6 +504,7 @@ def quantize_model_folder(
     scheme = check_scheme(scheme_text)
     weight_format(scheme)  # a scheme with no compressed-tensors format fails before any work
     limit = None if max_shard_size is None else parse_size(max_shard_size)
+    vectors = _importance_for(src, importance)
     _not_the_input(src, dst)
     tqdm = _tqdm()
     with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
@@ -464,7 +514,15 @@ def quantize_model_folder(
             bar.update(1)
 
         summary = quantize_model(
-            src, dst, scheme, include=include, exclude=exclude, progress=step, max_shard_size=limit
+            src,
+            dst,
+            scheme,
+            include=include,
+            exclude=exclude,
+            progress=step,
+            max_shard_size=limit,
+            calibration=calibration or "minmax",
+            importance=vectors,
         )
     print(f"quantized {len(summary.quantized)} Linear weights with {scheme} as {summary.format}")
     for module, why in sorted(summary.left_out.items()):
@@ -478,6 +536,18 @@ def quantize_model_folder(
     return 0
 
 
+def _importance_for(src: str, importance: str | None) -> dict[str, np.ndarray] | None:
+    """The importance vectors of ``importance`` (a file), checked against the tensors of ``src``; None without one."""
+    if importance is None:
+        return None
+    from .io.formats import tensor_shapes
+    from .io.importance import check_importance, load_importance
+
+    vectors = load_importance(importance)
+    check_importance(vectors, tensor_shapes(src), shown(importance))
+    return vectors
+
+
 def quantize_format_file(
     kind: str,
     src: str,
@@ -487,12 +557,15 @@ def quantize_format_file(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     quiet: bool = False,
+    calibration: str | None = None,
+    importance: str | None = None,
 ) -> int:
     """``arrayquant quantize IN OUT`` for a GGUF or Burnpack IN: the same format out, everything else kept."""
     from .io.formats import format_module
 
     module = format_module(kind)
     _output_folder(dst)
+    vectors = _importance_for(src, importance)
     tqdm = _tqdm()
     with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
 
@@ -500,7 +573,16 @@ def quantize_format_file(
             bar.set_postfix_str(shown(name), refresh=False)
             bar.update(1)
 
-        summary = module.quantize_file(src, dst, scheme_text, include=include, exclude=exclude, progress=step)
+        summary = module.quantize_file(
+            src,
+            dst,
+            scheme_text,
+            include=include,
+            exclude=exclude,
+            progress=step,
+            calibration=calibration or "minmax",
+            importance=vectors,
+        )
     what = getattr(summary, "type_name", None) or scheme_text
     print(f"quantized {len(summary.quantized)} tensors as {what}")
     for name, why in sorted(summary.left_out.items()):
@@ -750,12 +832,17 @@ def _check_pair(original: str, quantized: str, orig: Checkpoint, ck: Checkpoint)
         raise CommandError(msg)
 
 
-def compare_checkpoints(original: str, quantized: str, plot: str | None = None) -> int:
+def compare_checkpoints(
+    original: str, quantized: str, plot: str | None = None, calibrations: Sequence[str] = ()
+) -> int:
     """``arrayquant compare``: SQNR and maximum error of every tensor of ``quantized`` against ``original``.
 
     Tensors are listed in natural name order, as ``inspect`` lists them. Exits 1 when the files
     do not fit (ORIGINAL quantized, no name in common, nothing comparable) or an error is not finite.
     Either file may be in any format arrayquant reads (safetensors, a model folder, GGUF, Burnpack).
+    With ``calibrations`` (``--calibration``), each quantized tensor is quantized again from
+    ORIGINAL with its scheme and each calibration, and a second table shows the SQNR each would
+    give and its gain over QUANTIZED's.
     """
     from .io.formats import detect
 
@@ -785,6 +872,8 @@ def compare_checkpoints(original: str, quantized: str, plot: str | None = None) 
     if plot:
         _plot(plot, total, len(measured))
         print(f"wrote {shown(plot)}")
+    if calibrations:
+        _calibration_table(original, quantized, dict(measured), calibrations)
     bad = [n for n, s in measured if not math.isfinite(s.max_err)]
     if bad:
         msg = (
@@ -796,6 +885,44 @@ def compare_checkpoints(original: str, quantized: str, plot: str | None = None) 
 
 
 _Compared = tuple[list[list[str]], list[tuple[str, ErrorStats]], int, bool]
+
+
+def _calibration_table(
+    original: str, quantized: str, given: dict[str, ErrorStats], calibrations: Sequence[str]
+) -> None:
+    """What each calibration would give: every quantized tensor of ``quantized`` quantized again from
+    ``original`` with the same scheme, a row per tensor, a mean gain per calibration."""
+    from .io.formats import iter_tensors
+
+    schemes = {n: t.scheme for n, t, _ in iter_tensors(quantized) if isinstance(t, QuantizedTensor) and n in given}
+    gains: dict[str, list[float]] = {c: [] for c in calibrations}
+    refused: dict[str, str] = {}
+    rows: dict[str, list[str]] = {}
+    for name, ref, _ in iter_tensors(original):
+        if name not in schemes or isinstance(ref, QuantizedTensor):
+            continue
+        x, before = np.asarray(ref, np.float32), given[name].sqnr
+        rows[name] = [shown(name), str(schemes[name]), _fmt_db(before)]
+        for c in calibrations:
+            try:
+                qt = quantize(x, schemes[name], calibration=c)
+            except QuantizationError as exc:  # e.g. 4over6 with an integer scheme: shown as "-"
+                refused.setdefault(c, f"{type(exc).__name__}: {exc}")
+                rows[name].append("-")
+                continue
+            after = quantization_error(x, qt, ErrorStats()).sqnr
+            gain = after - before
+            if math.isfinite(gain):
+                gains[c].append(gain)
+            rows[name].append(f"{_fmt_db(after)} ({gain:+.2f})" if math.isfinite(gain) else _fmt_db(after))
+    print("\nSQNR dB if quantized again from ORIGINAL with each calibration (gain over QUANTIZED's):")
+    header = ["name", "scheme", "QUANTIZED", *calibrations]
+    print("\n".join(_table(header, [rows[n] for n in _order(rows)], set(range(2, len(header))))))
+    for c in calibrations:
+        if gains[c]:
+            print(f"{c}: mean gain {sum(gains[c]) / len(gains[c]):+.2f} dB over {len(gains[c])} tensors")
+        if c in refused:
+            print(f"{c}: not used where shown '-' ({refused[c]})")
 
 
 def _compare_checkpoint_files(original: str, quantized: str, new_stats: Callable[[], ErrorStats]) -> _Compared:

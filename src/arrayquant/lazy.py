@@ -20,15 +20,18 @@ from .blockwork import Steps, cast_saturating, max_of
 from .chunks import Chunk, Sink, row_chunks
 from .invariants import Plan, check_scale_values
 from .invariants import check_finite as check_data_finite
+from .invariants.plan import check_calibration_spec
 from .kernels import (
     block_scales,
     effective_scale,
     global_scale,
     normalise_scales,
+    round_up_scales,
     scales_from_absmax,
     store_scales,
 )
-from .scheme import Calibration
+from .kernels.search import element_weights, row_errors, select
+from .scheme import Calibration, ScaleDtype
 from .storage import fields_per_word, values_layout
 from .tensor import QuantizedTensor
 
@@ -122,8 +125,61 @@ class _Chunked:
             self._verify(xc, alpha, xp, block_id)
             return xp.reshape(alpha, (1,) * xc.ndim)
 
+    def _imp(self, imp: Any, xc: Any, block_id: tuple[int, ...], c: Chunk) -> Any:
+        """The importance weights of slab ``c`` of the chunk ``xc`` (its columns of the whole vector)."""
+        if imp is None:
+            return None
+        off = _origin(self.data, block_id)[-1] if block_id else 0
+        if xc.ndim == 1:  # the slabs' rows are the columns
+            return imp[off + c.rows.start : off + c.rows.stop]
+        return imp[off : off + int(xc.shape[-1])]
+
+    def searched(self, xc: Any, glob: Any, table: Any, imp: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Two-level search: the chunk's stored block scales, searched beneath the fixed global."""
+        xp = _ns(xc)
+        plan = self.steps.plan
+        slabs = self._slabs(xc)
+        out = Sink(len(slabs), plan.grid_shape(tuple(xc.shape)), xp.float32, xp, compat.device(xc))
+        with shim.quiet(xp):
+            for c in slabs:
+                xs = xc[c.rows, ...]
+                alpha = self.steps.alpha(xs, xp=xp)
+                self._verify(xc, alpha, xp, block_id)
+                alpha = self.steps.search(xs, alpha, table, glob, self._imp(imp, xc, block_id, c), xp=xp)
+                s = normalise_scales(block_scales(alpha, plan, xp=xp, table=table), glob, xp=xp)
+                out.put(c.grid, store_scales(s, plan, xp=xp))
+        return out.result
+
+    def percentile(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor percentile of a chunk holding the whole tensor, shaped ``(1,) * rank``."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            alpha = self.steps.alpha(xc, xp=xp)
+            self._verify(xc, alpha, xp, block_id)
+            return xp.reshape(alpha, (1,) * xc.ndim)
+
+    def row_errors(self, xc: Any, amax: Any, table: Any, imp: Any, f: float, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor search: the error of each row of the chunk (whole rows) under candidate ``f``."""
+        xp = _ns(xc)
+        steps = self.steps
+        with shim.quiet(xp):
+            alpha = xp.multiply(amax, xp.asarray(f, dtype=xp.float32, device=compat.device(amax)))
+            eff = steps.scale_of(alpha, None, table, xp=xp)
+            unit = round_up_scales(amax, ScaleDtype.UE8M0, xp=xp)
+            rows = []
+            for c in self._slabs(xc):
+                xf = steps.finite(xc[c.rows, ...], xp=xp)
+                w = element_weights(tuple(xf.shape), self._imp(imp, xc, block_id, c), xp=xp, device=compat.device(xf))
+                rows.append(row_errors(xf, steps.roundtrip(xf, eff, table, xp=xp), unit, w, steps.spec.norm, xp=xp))
+            out = xp.concat(rows) if len(rows) > 1 else rows[0]
+            return xp.reshape(out, (int(xc.shape[0]),) + (1,) * (xc.ndim - 1))
+
     def fused(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
         """One-level per block: the chunk's stored values and stored scales, in one walk over its slabs."""
+        return self.fused_weighted(xc, table, None, block_id)
+
+    def fused_weighted(self, xc: Any, table: Any, imp: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
+        """:meth:`fused` with the chunk's importance weights (``imp``: the whole vector, or None)."""
         xp = _ns(xc)
         plan = self.steps.plan
         slabs = self._slabs(xc)
@@ -135,6 +191,8 @@ class _Chunked:
                 xs = xc[c.rows, ...]
                 alpha = self.steps.alpha(xs, xp=xp)
                 self._verify(xc, alpha, xp, block_id)
+                if self.steps.searches:
+                    alpha = self.steps.search(xs, alpha, table, None, self._imp(imp, xc, block_id, c), xp=xp)
                 stored = store_scales(scales_from_absmax(alpha, plan, xp=xp, table=table)[0], plan, xp=xp)
                 scales.put(c.grid, stored)
                 values.put(c.stored, self.steps.values(xs, stored, table, xp=xp))
@@ -183,6 +241,21 @@ class _Chunked:
         return out.result
 
 
+def _search_tensor_lazy(x: Any, steps: Steps, check: bool, amax: Any, tab: Any, imp: Any, xp: Any) -> Any:
+    """Per-tensor search as a graph: row errors per candidate over whole-row chunks, then a lazy choice."""
+    shape = tuple(int(n) for n in x.shape)
+    rows = dask_graph.rechunk(x, (tuple(x.chunks[0]), *((n,) for n in shape[1:])))
+    data = tuple(tuple(int(n) for n in sizes) for sizes in rows.chunks)
+    chunked = _Chunked(steps, check, data)
+    out_chunks = (data[0], *((1,) for _ in shape[1:]))
+    errors, alphas = [], []
+    for f in steps.spec.factors:
+        e = dask_graph.map_chunks(chunked.row_errors, [rows], [amax, tab, imp, f], out_chunks, xp.float32)
+        errors.append(xp.reshape(e, (-1,)))
+        alphas.append(xp.multiply(amax, xp.asarray(f, dtype=xp.float32)))
+    return select(errors, alphas, xp=xp)
+
+
 class _Refuse:
     """A task that passes a chunk of static scales on, once none is NaN, infinite or negative."""
 
@@ -199,11 +272,19 @@ def quantize_lazy(
     plan: Plan,
     given: Any,
     tab: Any,
-    cal: Calibration,
+    spec: Any,
     rounding: str,
     check: bool,
+    imp: Any = None,
 ) -> QuantizedTensor:
-    """Quantize the dask array ``x`` (already validated) into a lazy :class:`QuantizedTensor`."""
+    """Quantize the dask array ``x`` (already validated) into a lazy :class:`QuantizedTensor`.
+
+    ``spec`` is the validated calibration (a CalSpec, or a bare Calibration), ``imp`` the
+    validated importance weights (or None).
+    """
+    if isinstance(spec, Calibration):
+        spec = check_calibration_spec(spec, plan)
+    cal = spec.kind
     xp = shim.kernel_namespace(compat.array_namespace(x))
     shape = tuple(int(n) for n in x.shape)
     dims = plan.block_dims(shape)
@@ -211,7 +292,7 @@ def quantize_lazy(
     layout = _layout(plan, tuple(x.chunks))
     f32 = xp.float32
     vdtype = getattr(xp, values_layout(plan, shape)[1])
-    steps = Steps(plan, shape, cal, rounding, scrub=not check)
+    steps = Steps(plan, shape, cal, rounding, scrub=not check, spec=spec)
     # with the check on, chunk tasks raise on NaN/inf before encoding: only unchecked input is scrubbed
     chunked = _Chunked(steps, check, layout.data)
     glob = None
@@ -229,21 +310,37 @@ def quantize_lazy(
     elif dims and not plan.two_level:
         # one task per chunk reads it once: calibrate, scale and encode slab by slab, as eagerly
         values, stored = dask_graph.map_chunks_pair(
-            chunked.fused, [x], [tab], (layout.values, vdtype), (layout.grid, f32)
+            chunked.fused if imp is None else chunked.fused_weighted,
+            [x],
+            [tab] if imp is None else [tab, imp],
+            (layout.values, vdtype),
+            (layout.grid, f32),
         )
         return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, None, tab)
     elif dims:
         raw = dask_graph.map_chunks(chunked.raw_scales, [x], [tab], layout.grid, f32)
         glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)
-        stored = dask_graph.map_chunks(chunked.normalised, [raw], [glob], layout.grid, f32)
+        if steps.searches:  # the global stays MinMax's; block scales are searched beneath it
+            stored = dask_graph.map_chunks(chunked.searched, [x], [glob, tab, imp], layout.grid, f32)
+        else:
+            stored = dask_graph.map_chunks(chunked.normalised, [raw], [glob], layout.grid, f32)
     else:
         if cal is Calibration.ABSMEAN:
             if check:
                 x = dask_graph.map_chunks(chunked.checked, [x], [], layout.data, x.dtype)
             alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
+        elif cal is Calibration.PERCENTILE:
+            # one sort over the whole tensor: a single task holds it (per-tensor percentile only)
+            whole = dask_graph.rechunk(x, tuple((n,) for n in shape))
+            parts = dask_graph.map_chunks(
+                _Chunked(steps, check, tuple((n,) for n in shape)).percentile, [whole], [], ((1,),) * len(shape), f32
+            )
+            alpha = xp.reshape(parts, (1,))
         else:
             parts = dask_graph.map_chunks(chunked.alpha, [x], [], tuple((1,) * len(c) for c in layout.data), f32)
             alpha = xp.reshape(xp.max(parts), (1,))
+            if steps.searches:
+                alpha = _search_tensor_lazy(x, steps, check, alpha, tab, imp, xp)
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
     # dynamic calibration already checked every chunk; static scales leave it to the values task

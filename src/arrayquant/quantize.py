@@ -13,11 +13,10 @@ from array_api_compat import device as device_of
 from .backends import dask_graph, shim
 from .blockwork import Steps, max_of
 from .chunks import Sink, row_chunks
-from .errors import ParamsError, ShapeError
+from .errors import ParamsError, SchemeError, ShapeError
 from .invariants import (
     Plan,
     can_read,
-    check_calibration,
     check_input,
     check_params,
     check_rounding,
@@ -30,6 +29,8 @@ from .invariants import (
 from .invariants import (
     check_finite as check_data_finite,
 )
+from .invariants.importance import check_importance
+from .invariants.plan import CalSpec, check_calibration_spec
 from .kernels import (
     block_scales,
     effective_scale,
@@ -43,8 +44,10 @@ from .kernels import compute_range as _compute_range
 from .kernels import (
     round_up_scales as _round_up,
 )
+from .kernels.search import element_weights, row_errors, select
 from .lazy import quantize_lazy
 from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
+from .scheme.values import MSE, Percentile
 from .storage import fields_per_word, values_layout
 from .tensor import QuantizedTensor
 
@@ -55,7 +58,13 @@ def _scheme(scheme: QuantScheme | str) -> Plan:
     return plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
 
 
-def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | str = "minmax") -> tuple[Any, Any]:
+def compute_range(
+    x: Any,
+    scheme: QuantScheme | str,
+    calibration: Calibration | str | MSE | Percentile = "minmax",
+    *,
+    importance: Any = None,
+) -> tuple[Any, Any]:
     """``(min, max)`` of ``x`` shaped as the scheme's scale grid, in f32.
 
     Parameters
@@ -64,9 +73,14 @@ def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | 
         Real floating data of any Array API backend, at least 1-d, at most 32 axes.
     scheme : QuantScheme or str
         The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
-    calibration : {"minmax", "absmean"}
+    calibration : str, Calibration, MSE or Percentile
         ``"minmax"``: the min and max per block (or tensor). ``"absmean"``: ``(-g, g)`` with ``g``
-        the mean of ``|x|``, summed by a fixed tree (one-level schemes only).
+        the mean of ``|x|``, summed by a fixed tree (one-level schemes only). ``"percentile"``,
+        ``"mse"`` (one-level schemes only here: a two-level search keeps MinMax's global, which
+        a range cannot carry) and their option forms: ``(-a, a)`` with ``a`` the chosen range, so
+        that :func:`compute_q_params` and ``quantize(params=...)`` give the dynamic result.
+    importance : array, optional
+        Per-column error weights of a search (see :func:`quantize`).
 
     Returns
     -------
@@ -90,10 +104,51 @@ def compute_range(x: Any, scheme: QuantScheme | str, calibration: Calibration | 
     ((1, 2), [[1.0, 2.0]])
     """
     plan = _scheme(scheme)
-    cal = check_calibration(calibration, plan)
-    xp, _ = check_input(x, plan)
+    spec = check_calibration_spec(calibration, plan)
+    xp, device = check_input(x, plan)
+    shape = tuple(int(n) for n in x.shape)
+    if spec.kind in (Calibration.MINMAX, Calibration.ABSMEAN):
+        if importance is not None:
+            check_importance(importance, spec.kind, shape, xp, device)
+        with shim.quiet(xp):
+            return _compute_range(x, plan.block_dims(shape), spec.kind, xp=shim.kernel_namespace(xp))
+    if spec.searches and plan.two_level:
+        msg = (
+            f"compute_range cannot express calibration {spec.kind.value!r} for the two-level scheme {plan.scheme}: "
+            "its search keeps MinMax's global scale, which a range does not carry; call quantize(x, scheme, "
+            f"calibration={spec.kind.value!r}) instead"
+        )
+        raise SchemeError(msg)
+    if dask_graph.handles(x):
+        msg = f"compute_range with calibration {spec.kind.value!r} needs eager data; pass x.compute() or use quantize"
+        raise SchemeError(msg)
     with shim.quiet(xp):
-        return _compute_range(x, plan.block_dims(tuple(x.shape)), cal, xp=shim.kernel_namespace(xp))
+        imp = check_importance(importance, spec.kind, shape, xp, device)
+        kx = shim.kernel_namespace(xp)
+        alpha = _searched_range(x, plan, spec, imp, kx)
+        return kx.negative(alpha), alpha
+
+
+def _searched_range(x: Any, plan: Plan, spec: CalSpec, imp: Any, xp: Any) -> Any:
+    """The percentile or searched range of ``x`` per block (or tensor), as :func:`quantize` finds it."""
+    shape = tuple(int(n) for n in x.shape)
+    dims = plan.block_dims(shape)
+    chunks = row_chunks(shape, dims[0] if dims else 1, None, 1, shim.slab_friendly(x))
+    steps = Steps(plan, shape, spec.kind, spec=spec)
+    tab = check_table(None, plan, xp, device_of(x))
+    if not dims:
+        if spec.kind is Calibration.PERCENTILE:
+            return steps.alpha(x, xp=xp)
+        amax = max_of([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp=xp)
+        return _search_tensor(x, chunks, steps, amax, tab, imp, xp)
+    sink = Sink(len(chunks), plan.grid_shape(shape), xp.float32, xp, device_of(x))
+    for c in chunks:
+        xc = x[c.rows, ...]
+        alpha = steps.alpha(xc, xp=xp)
+        if steps.searches:
+            alpha = steps.search(xc, alpha, tab, None, _columns(imp, c, xc), xp=xp)
+        sink.put(c.grid, alpha)
+    return sink.result
 
 
 def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: Any = None) -> QParams:  # noqa: A002
@@ -192,7 +247,8 @@ def quantize(
     scheme: QuantScheme | str,
     params: QParams | None = None,
     *,
-    calibration: Calibration | str = "minmax",
+    calibration: Calibration | str | MSE | Percentile = "minmax",
+    importance: Any = None,
     table: Any = None,
     rounding: str = "half_even",
     check_finite: bool = True,
@@ -210,8 +266,16 @@ def quantize(
     params : QParams, optional
         Static parameters (scales shaped as the scale grid, and the global scale of a two-level
         scheme). None calibrates them from ``x``.
-    calibration : {"minmax", "absmean"}
-        How dynamic quantization finds each block's range (see :func:`compute_range`).
+    calibration : str, Calibration, MSE or Percentile
+        How dynamic quantization finds each block's range: ``"minmax"`` (default), ``"absmean"``,
+        the searches ``"mse"`` (text options ``"mse:grid=50,max_shrink=0.3,norm=2"`` or
+        :class:`MSE`) and ``"4over6"`` (NVFP4-like schemes), or ``"percentile"``
+        (``"percentile:99.5"`` or :class:`Percentile`). A search keeps, per block (per tensor for
+        a per-tensor scheme), the candidate whose stored scale gives the smallest error; under a
+        two-level scheme the global is MinMax's and the block scales are searched beneath it.
+    importance : array, optional
+        Search calibrations only: one non-negative weight per column of ``x``'s last axis (e.g.
+        the mean squared activation of each input feature); the search minimises the weighted error.
     table : array, optional
         The ``2**bits`` entries of a lookup scheme's table (e.g. ``aq.NF4``); schemes that name
         a codebook (``"nf4"``) need none.
@@ -254,9 +318,16 @@ def quantize(
     """
     plan = _scheme(scheme)
     rounding = check_rounding(rounding, plan)
-    cal = check_calibration(calibration, plan)
+    spec = check_calibration_spec(calibration, plan)
     xp, device = check_input(x, plan)
     shape = tuple(int(n) for n in x.shape)
+    imp = None
+    if importance is not None:
+        if params is not None:
+            msg = "importance weights a calibration search; static params need none: drop importance or params"
+            raise ParamsError(msg)
+        with shim.quiet(xp):
+            imp = check_importance(importance, spec.kind, shape, xp, device)
     readable = can_read(x)
     given = None
     if params is not None:
@@ -269,9 +340,39 @@ def quantize(
         tab = check_table(table, plan, xp, device)
     if dask_graph.handles(x):
         with shim.quiet(xp):
-            return quantize_lazy(x, plan, given, tab, cal, rounding, check_finite)
+            return quantize_lazy(x, plan, given, tab, spec, rounding, check_finite, imp)
     with shim.quiet(xp):
-        return _quantize(x, plan, given, tab, cal, rounding, check_finite, readable, shim.kernel_namespace(xp), device)
+        kx = shim.kernel_namespace(xp)
+        return _quantize(x, plan, given, tab, spec, rounding, check_finite, readable, kx, device, imp)
+
+
+def _search_tensor(x: Any, chunks: list[Any], steps: Steps, amax: Any, tab: Any, imp: Any, xp: Any) -> Any:
+    """Per-tensor search: the candidate ``alpha`` whose stored scale gives the smallest total error.
+
+    Row errors are kept per candidate (a vector of rows), the data re-read once per candidate, so
+    memory stays one slab; totals sum the rows by a fixed tree whatever the slabs were.
+    """
+    spec = steps.spec
+    unit = _round_up(amax, ScaleDtype.UE8M0, xp=xp)
+    errors, alphas = [], []
+    for f in spec.factors:
+        alpha = xp.multiply(amax, xp.asarray(f, dtype=xp.float32, device=device_of(amax)))
+        alphas.append(alpha)
+        eff = steps.scale_of(alpha, None, tab, xp=xp)
+        rows = []
+        for c in chunks:
+            xf = steps.finite(x[c.rows, ...], xp=xp)
+            w = element_weights(tuple(xf.shape), _columns(imp, c, xf), xp=xp, device=device_of(xf))
+            rows.append(row_errors(xf, steps.roundtrip(xf, eff, tab, xp=xp), unit, w, spec.norm, xp=xp))
+        errors.append(xp.concat(rows) if len(rows) > 1 else rows[0])
+    return select(errors, alphas, xp=xp)
+
+
+def _columns(imp: Any, c: Any, xc: Any) -> Any:
+    """The importance weights of a row slab: all of them, unless the rows are the columns (1-D data)."""
+    if imp is None or xc.ndim > 1:
+        return imp
+    return imp[c.rows]
 
 
 def _quantize(
@@ -279,19 +380,21 @@ def _quantize(
     plan: Plan,
     given: Any,
     tab: Any,
-    cal: Calibration,
+    spec: CalSpec,
     rounding: str,
     check_requested: bool,
     readable: bool,
     xp: Any,
     device: Any,
+    imp: Any = None,
 ) -> QuantizedTensor:
     shape = tuple(int(n) for n in x.shape)
     dims = plan.block_dims(shape)
     chunked = shim.slab_friendly(x)
     chunks = row_chunks(shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), fields_per_word(plan), chunked)
     # input not verified finite (check off, or unreadable now): scrub NaN, calibrate on finite values
-    steps = Steps(plan, shape, cal, rounding, scrub=not (check_requested and readable))
+    cal = spec.kind
+    steps = Steps(plan, shape, cal, rounding, scrub=not (check_requested and readable), spec=spec)
     grid = plan.grid_shape(shape)
     f32 = xp.float32
 
@@ -318,11 +421,13 @@ def _quantize(
         raw = sink.result
         glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)
     elif not fused:
-        if cal is Calibration.ABSMEAN:
-            alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
+        if cal in (Calibration.ABSMEAN, Calibration.PERCENTILE):
+            alpha = steps.alpha(x, xp=xp)  # one fixed summation tree (one sort) over the whole tensor
         else:
             alpha = max_of([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp=xp)
         verify(alpha)
+        if steps.searches:
+            alpha = _search_tensor(x, chunks, steps, alpha, tab, imp, xp)
         s, glob = scales_from_absmax(alpha, plan, xp=xp, table=tab)
         stored = store_scales(s, plan, xp=xp)
 
@@ -334,7 +439,16 @@ def _quantize(
         if fused:
             alpha_c = steps.alpha(xc, xp=xp)
             verify(alpha_c)
+            if steps.searches:
+                alpha_c = steps.search(xc, alpha_c, tab, None, _columns(imp, c, xc), xp=xp)
             stored_c = store_scales(scales_from_absmax(alpha_c, plan, xp=xp, table=tab)[0], plan, xp=xp)
+            scales.put(c.grid, stored_c)
+        elif raw is not None and steps.searches:
+            # the global stays MinMax's; each block's scale is searched beneath it
+            alpha_c = steps.search(xc, steps.alpha(xc, xp=xp), tab, glob, _columns(imp, c, xc), xp=xp)
+            stored_c = store_scales(
+                normalise_scales(block_scales(alpha_c, plan, xp=xp, table=tab), glob, xp=xp), plan, xp=xp
+            )
             scales.put(c.grid, stored_c)
         elif raw is not None:
             stored_c = store_scales(normalise_scales(raw[c.grid, ...], glob, xp=xp), plan, xp=xp)

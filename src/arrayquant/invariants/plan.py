@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import functools
+import math
+import struct
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ParamsError, SchemeError, ShapeError
 from ..scheme import CODEBOOKS, BlockSize, Calibration, QuantMode, QuantScheme, QuantValue, ScaleDtype
+from ..scheme.values import MSE, Percentile
 
 __all__ = [
+    "SEARCHES",
     "TWO_LEVEL_BLOCK_MAX",
+    "CalSpec",
     "Plan",
     "check_calibration",
+    "check_calibration_spec",
     "check_rounding",
     "plan_for",
 ]
@@ -157,13 +164,152 @@ def check_rounding(rounding: str, plan: Plan) -> str:
     return rounding
 
 
-def check_calibration(calibration: Calibration | str, plan: Plan) -> Calibration:
-    """Validate the calibration against the plan (AbsMean has no two-level form)."""
-    cal = Calibration.coerce(calibration)
-    if cal is Calibration.ABSMEAN and plan.two_level:
+def check_calibration(calibration: Any, plan: Plan) -> Calibration:
+    """Validate the calibration against the plan; its kind (see :func:`check_calibration_spec`)."""
+    return check_calibration_spec(calibration, plan).kind
+
+
+SEARCHES = (Calibration.MSE, Calibration.FOUR_OVER_SIX)
+_FOUR_OVER_SIX_FACTORS = (1.0, 1.5)  # block max to 6 (MinMax, preferred on ties), then to 4: alpha * 6/4
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to the nearest f32, as a Python float (exact in every backend's f32)."""
+    out: float = struct.unpack("f", struct.pack("f", v))[0]
+    return out
+
+
+@dataclass(frozen=True)
+class CalSpec:
+    """A validated calibration with its options resolved.
+
+    ``factors``: the search candidates as f32 multipliers of ``max|x|``, in order of preference
+    (a later candidate wins only with a strictly smaller error). ``norm``: the error exponent.
+    ``q``: the percentile, as an exact fraction ``q_num / q_den`` of 100.
+    """
+
+    kind: Calibration
+    factors: tuple[float, ...] = ()
+    norm: float = 2.0
+    q_num: int = 0
+    q_den: int = 1
+
+    @property
+    def searches(self) -> bool:
+        return self.kind in SEARCHES
+
+
+def _parse_options(text: str) -> tuple[str, dict[str, str]]:
+    name, _, rest = text.partition(":")
+    opts: dict[str, str] = {}
+    if rest.strip():
+        for i, part in enumerate(rest.split(",")):
+            key, eq, val = part.partition("=")
+            if not eq:
+                key, val = ("q" if i == 0 else ""), part
+            opts[key.strip().lower()] = val.strip()
+    return name.strip().lower(), opts
+
+
+def _bad_option(text: str, why: str) -> SchemeError:
+    return SchemeError(
+        f"calibration {text!r}: {why}; write e.g. 'mse', 'mse:grid=50,max_shrink=0.3,norm=2', "
+        "'percentile', 'percentile:99.5' or '4over6'"
+    )
+
+
+def _from_text(text: str) -> Calibration | MSE | Percentile:
+    name, opts = _parse_options(text)
+    if not opts:
+        if ":" in text:
+            raise _bad_option(text, "nothing follows ':'")
+        return Calibration.coerce(name)
+    cal = Calibration.coerce(name)
+    allowed = {Calibration.MSE: {"grid", "max_shrink", "norm"}, Calibration.PERCENTILE: {"q"}}.get(cal)
+    if allowed is None:
+        raise _bad_option(text, f"{cal.value!r} takes no options")
+    unknown = sorted(set(opts) - allowed)
+    if unknown:
+        raise _bad_option(text, f"unknown option {unknown[0]!r} ({cal.value} takes {', '.join(sorted(allowed))})")
+    try:
+        if cal is Calibration.MSE:
+            d = MSE()
+            return MSE(
+                grid=int(opts.get("grid", d.grid)),
+                max_shrink=float(opts.get("max_shrink", d.max_shrink)),
+                norm=float(opts.get("norm", d.norm)),
+            )
+        return Percentile(q=float(opts["q"]))
+    except ValueError:
+        raise _bad_option(text, "an option value is not a number") from None
+
+
+def _mse_spec(opt: MSE) -> CalSpec:
+    grid, shrink, norm = opt.grid, opt.max_shrink, opt.norm
+    if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= 10000:
+        msg = f"MSE grid must be an int in 1..10000 (candidate clip ratios 1 - i/grid), got {grid!r}"
+        raise ParamsError(msg)
+    if isinstance(shrink, bool) or not isinstance(shrink, int | float) or not 0 < shrink < 1:
+        msg = f"MSE max_shrink must be a number in (0, 1) (the largest clip is 1 - max_shrink), got {shrink!r}"
+        raise ParamsError(msg)
+    count = int(shrink * grid)
+    if count < 1:
+        msg = f"MSE max_shrink={shrink} with grid={grid} leaves no candidate (int(max_shrink * grid) = 0); raise either"
+        raise ParamsError(msg)
+    if isinstance(norm, bool) or not isinstance(norm, int | float) or not (math.isfinite(norm) and 0 < norm <= 16):
+        msg = f"MSE norm must be a number in (0, 16] (the error exponent p of sum |x - q(x)|^p), got {norm!r}"
+        raise ParamsError(msg)
+    factors = tuple(_f32(1 - i / grid) for i in range(count))
+    return CalSpec(Calibration.MSE, factors, float(norm))
+
+
+def _percentile_spec(opt: Percentile) -> CalSpec:
+    q = opt.q
+    if isinstance(q, bool) or not isinstance(q, int | float) or not (math.isfinite(q) and 0 < q <= 100):
+        msg = f"Percentile q must be a number in (0, 100], got {q!r}"
+        raise ParamsError(msg)
+    from fractions import Fraction
+
+    # the shortest decimal form, so that 99.9 means 999/10 exactly
+    frac = Fraction(repr(float(q))).limit_denominator(10**9) / 100
+    return CalSpec(Calibration.PERCENTILE, q_num=frac.numerator, q_den=frac.denominator)
+
+
+def check_calibration_spec(calibration: Any, plan: Plan) -> CalSpec:
+    """Validate a calibration (enum, name, text with options, :class:`MSE` or :class:`Percentile`).
+
+    Raises :class:`SchemeError` for unknown names, malformed text and calibrations the scheme
+    has no form of; :class:`ParamsError` for out-of-range options.
+    """
+    if isinstance(calibration, str) and ":" in calibration:
+        calibration = _from_text(calibration)
+    if isinstance(calibration, MSE):
+        spec = _mse_spec(calibration)
+    elif isinstance(calibration, Percentile):
+        spec = _percentile_spec(calibration)
+    else:
+        cal = Calibration.coerce(calibration)
+        if cal is Calibration.MSE:
+            spec = _mse_spec(MSE())
+        elif cal is Calibration.PERCENTILE:
+            spec = _percentile_spec(Percentile())
+        elif cal is Calibration.FOUR_OVER_SIX:
+            spec = CalSpec(cal, _FOUR_OVER_SIX_FACTORS, 2.0)
+        else:
+            spec = CalSpec(cal)
+    kind = spec.kind
+    if kind is Calibration.ABSMEAN and plan.two_level:
         msg = (
             f"calibration 'absmean' is not defined for the two-level scheme {plan.scheme}; "
             "use calibration='minmax' or a one-level scheme"
         )
         raise SchemeError(msg)
-    return cal
+    if kind is Calibration.FOUR_OVER_SIX and not (
+        plan.value is QuantValue.E2M1 and plan.block is not None and plan.scale_dtype is ScaleDtype.UE4M3
+    ):
+        msg = (
+            f"calibration '4over6' needs E2M1 values with UE4M3 block scales (as NVFP4), not {plan.scheme}; "
+            "use scheme 'nvfp4' or calibration='mse'"
+        )
+        raise SchemeError(msg)
+    return spec

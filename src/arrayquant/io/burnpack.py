@@ -996,6 +996,14 @@ def _why_not(e: BurnpackEntry, include: Sequence[str], exclude: Sequence[str]) -
     return None
 
 
+def _search(calibration: Any, importance: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """``quantize``'s calibration arguments for tensor ``name``: its importance vector where there is one."""
+    out: dict[str, Any] = {"calibration": calibration}
+    if importance is not None and name in importance:
+        out["importance"] = importance[name]
+    return out
+
+
 def quantize_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -1004,6 +1012,8 @@ def quantize_file(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
+    calibration: Any = "minmax",
+    importance: Mapping[str, Any] | None = None,
 ) -> BurnpackSummary:
     """Re-quantize a Burnpack file into another, tensor by tensor, keeping everything else.
 
@@ -1050,7 +1060,8 @@ def quantize_file(
                 if why is None:
                     host, _ = f.tensor(e.name)
                     try:
-                        qt = quantize(host, s)  # f16/bf16 are computed in f32 by quantize, a slab at a time
+                        # f16/bf16 are computed in f32 by quantize, a slab at a time
+                        qt = quantize(host, s, **_search(calibration, importance, e.name))
                     except NonFiniteInputError as exc:
                         raise NonFiniteInputError(f"tensor {e.name!r} of {src}: {exc}") from None
                     del host

@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -232,6 +232,8 @@ def quantize_model(
     exclude: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
     max_shard_size: int | str | None = None,
+    calibration: Any = "minmax",
+    importance: Mapping[str, Any] | None = None,
 ) -> ModelSummary:
     """Quantize the ``Linear`` weights of a Hugging Face model folder into a compressed-tensors folder.
 
@@ -249,6 +251,11 @@ def quantize_model(
         Globs on tensor names narrowing the weights quantized (``"*.mlp.*"``).
     progress : callable, optional
         Called with each tensor's name as it is written.
+    calibration : str, Calibration, MSE or Percentile
+        How each weight's scales are found, as for :func:`arrayquant.quantize` (``"mse"``,
+        ``"4over6"``, ...); the folder written is the same compressed-tensors layout.
+    importance : mapping of str to array, optional
+        Per-input-column importance vectors by weight name, for ``"mse"`` and ``"4over6"``.
     max_shard_size : int or str, optional
         Cut the output into shards of at most this many bytes (``"5GB"``, ``"500MB"``,
         ``"2GiB"``; a larger tensor gets a shard of its own), named and indexed as
@@ -299,7 +306,7 @@ def quantize_model(
         )
         raise ShapeError(msg)
     vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
-    rule = _Rule(plan_scheme, include, exclude, vocab)
+    rule = _Rule(plan_scheme, include, exclude, vocab, calibration, importance)
     _check_target(source, target, "quantized")
     summary = ModelSummary(fmt)
     with _building(target) as out_dir:
@@ -326,6 +333,8 @@ class _Rule(NamedTuple):
     include: Sequence[str]
     exclude: Sequence[str]
     vocab: int | None
+    calibration: Any = "minmax"
+    importance: Mapping[str, Any] | None = None  # weight name -> per-column importance
 
 
 def _write_shards(
@@ -443,7 +452,10 @@ def _shard_items(
             continue
         try:
             # a row slab at a time: the float weight is never whole in memory, only its entries
-            entries = quantize_entry(st, name, rule.scheme, _module(name))
+            vector = None if rule.importance is None else rule.importance.get(name)
+            entries = quantize_entry(
+                st, name, rule.scheme, _module(name), calibration=rule.calibration, importance=vector
+            )
         except (ShapeError, SchemeError) as exc:  # the format cannot hold it: left in float, in `ignore`
             summary.left_out[_module(name)] = f"shape {list(entry.shape)} does not fit the format: {exc}"
             yield name, st.passthrough(name)

@@ -23,7 +23,7 @@ from ..errors import NonFiniteInputError
 from ..invariants import plan_for
 from ..kernels import block_scales, normalise_scales
 from ..quantize import compute_q_params, compute_range, quantize
-from ..scheme import QParams, QuantScheme
+from ..scheme import Calibration, QParams, QuantScheme
 from .ct_formats import write_weight
 from .reader import SafetensorsFile
 
@@ -78,18 +78,31 @@ def _slab_params(st: SafetensorsFile, name: str, start: int, stop: int, scheme: 
 
 
 def quantize_entry(
-    st: SafetensorsFile, name: str, scheme: QuantScheme, module: str, *, slab_bytes: int = SLAB_BYTES
+    st: SafetensorsFile,
+    name: str,
+    scheme: QuantScheme,
+    module: str,
+    *,
+    slab_bytes: int = SLAB_BYTES,
+    calibration: Any = "minmax",
+    importance: Any = None,
 ) -> dict[str, np.ndarray]:
     """The compressed-tensors entries of the 2-d weight ``name`` of ``st``, quantized slab by slab.
 
-    Equal, bit for bit, to ``write_weight(quantize(st.array(name), scheme), module)``; raises as
-    they do (a shape the format cannot hold, non-finite values, ...).
+    Equal, bit for bit, to ``write_weight(quantize(st.array(name), scheme, calibration=...,
+    importance=...), module)``; raises as they do (a shape the format cannot hold, non-finite
+    values, ...). A search calibration on a per-tensor or two-level scheme looks at the whole
+    tensor at once, so that case reads it whole.
     """
     shape = st.entries[name].shape
     rows = shape[0]
     step = _slab_rows(scheme, shape, slab_bytes)
-    if rows <= step:  # one slab: the plain path
-        return write_weight(quantize(st.array(name), scheme), module)
+    extra: dict[str, Any] = {"calibration": calibration}
+    if importance is not None:
+        extra["importance"] = importance
+    minmax = calibration is Calibration.MINMAX or (isinstance(calibration, str) and calibration.lower() == "minmax")
+    if rows <= step or (not minmax and (scheme.block is None or scheme.is_two_level)):  # the plain path
+        return write_weight(quantize(st.array(name), scheme, **extra), module)
     dims = plan_for(scheme).block_dims(shape)
     block_rows = dims[0] if len(dims) == len(shape) else 1
     whole = None if scheme.block is not None and not scheme.is_two_level else _glob(st, name, scheme, rows, step)
@@ -97,7 +110,8 @@ def quantize_entry(
     for start in range(0, rows, step):
         params = _slab_params(st, name, start, start + step, scheme, whole)
         slab = st.rows(name, start, start + step)
-        entries = write_weight(quantize(slab, scheme, params), module)
+        # blocks lie within a slab: a search per block sees the same values as on the whole tensor
+        entries = write_weight(quantize(slab, scheme, params, **({} if params is not None else extra)), module)
         del slab
         for key, arr in entries.items():
             part = key.rpartition(".")[2]

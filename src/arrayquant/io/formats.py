@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import BackendUnavailableError, SchemeError
 
-__all__ = ["FORMATS", "detect", "format_module", "iter_tensors", "load", "save"]
+__all__ = ["FORMATS", "detect", "format_module", "iter_tensors", "load", "save", "tensor_shapes"]
 
 FORMATS = ("arrayquant", "compressed-tensors", "gguf", "burnpack")
 _MAGIC = {b"GGUF": "gguf", b"NRUB": "burnpack"}
@@ -190,3 +190,36 @@ def iter_tensors(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any, str]]
             yield name, tensor, ""
         return
     yield from format_module(kind).iter_tensors(path)
+
+
+def tensor_shapes(path: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape (as stored), from the file's header alone.
+
+    A model folder gives the entries of all its shards; arrayquant's own quantized tensors appear
+    under their stored entry names.
+    """
+    kind = detect(path)
+    if kind == "gguf":
+        from .gguf import _opened
+
+        with _opened(path) as f:
+            return {t.name: t.shape for t in f.tensors}
+    if kind == "burnpack":
+        from .burnpack import BurnpackFile
+
+        with BurnpackFile(path) as bp:
+            return {e.name: e.shape for e in bp.entries}
+    from .reader import SafetensorsFile
+
+    path = Path(path)
+    if path.is_dir():
+        from .ct_model import weight_files
+
+        files = [path / f for f in weight_files(path)[0]]
+    else:
+        files = [path]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with SafetensorsFile(file) as st:
+            shapes.update({name: e.shape for name, e in st.entries.items()})
+    return shapes

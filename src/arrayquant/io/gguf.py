@@ -975,12 +975,13 @@ def _file_type(type_name: str) -> int | None:
 _SLAB_BYTES = 2 << 20  # float32 bytes of the rows quantized at a time
 
 
-def _encoded_rows(f: _File, t: _Info, scheme: QuantScheme, type_name: str) -> np.ndarray:
+def _encoded_rows(f: _File, t: _Info, scheme: QuantScheme, type_name: str, **search: Any) -> np.ndarray:
     """The GGUF bytes of float tensor ``t`` quantized with a one-level ``scheme``, a slab of rows at a time.
 
     GGUF's block types block the last axis only, so rows are independent: each slab is read,
     quantized and encoded alone, and only the encoded tensor is ever whole in memory. The bytes
-    are those of quantizing and encoding the whole tensor at once.
+    are those of quantizing and encoding the whole tensor at once (a search calibration, in
+    ``search``, looks at one block at a time too).
     """
     cols, rows = t.shape[-1], math.prod(t.shape[:-1])  # quantized tensors have two or more axes
     row_in = t.nbytes // max(rows, 1)
@@ -991,12 +992,20 @@ def _encoded_rows(f: _File, t: _Info, scheme: QuantScheme, type_name: str) -> np
         n = min(step, rows - start)
         slab = t._replace(shape=(n, cols), start=t.start + start * row_in, nbytes=n * row_in)
         values, _ = _value(f.raw(slab), slab, "numpy", None)
-        got, data = gguf_types.encode(quantize(values, scheme))
+        got, data = gguf_types.encode(quantize(values, scheme, **search))
         if got != type_name:  # pragma: no cover - type_of and encode agree by construction
             msg = f"tensor {t.name!r}: encoded as {got}, planned as {type_name}"
             raise SchemeError(msg)
         out[start : start + n] = np.asarray(data, np.uint8).reshape(n, row_out)
     return out.reshape(-1)
+
+
+def _search(calibration: Any, importance: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """``quantize``'s calibration arguments for tensor ``name``: its importance vector where there is one."""
+    out: dict[str, Any] = {"calibration": calibration}
+    if importance is not None and name in importance:
+        out["importance"] = importance[name]
+    return out
 
 
 def quantize_file(
@@ -1007,6 +1016,8 @@ def quantize_file(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
+    calibration: Any = "minmax",
+    importance: Mapping[str, Any] | None = None,
 ) -> GGUFSummary:
     """Re-quantize a GGUF file into another, as ``llama-quantize`` does, tensor by tensor.
 
@@ -1100,12 +1111,15 @@ def quantize_file(
                     continue
                 t = src_t
                 if action == "quantize" and not split:  # rows are independent: a slab at a time
-                    _write(writer, o, _encoded_rows(f, t, scheme_, type_name))
+                    _write(
+                        writer, o, _encoded_rows(f, t, scheme_, type_name, **_search(calibration, importance, t.name))
+                    )
                 elif action == "quantize":  # the per-tensor scale needs the whole tensor
                     raw = f.raw(t)
                     values, _ = _value(raw, t, "numpy", None)
                     del raw
-                    qt = quantize(values, scheme_)  # f16/bf16 are computed in f32 by quantize, a slab at a time
+                    # f16/bf16 are computed in f32 by quantize, a slab at a time
+                    qt = quantize(values, scheme_, **_search(calibration, importance, t.name))
                     del values
                     # as llama.cpp stores it: blocks as they are, the scale apart
                     got, data, glob = gguf_types.encode_split(qt)

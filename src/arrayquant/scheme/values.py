@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SchemeError
 
-__all__ = ["Calibration", "QuantMode", "QuantValue", "coerce_enum"]
+__all__ = ["MSE", "Calibration", "Percentile", "QuantMode", "QuantValue", "coerce_enum"]
 
 
 def coerce_enum(cls: Any, value: Any, what: str) -> Any:
@@ -96,13 +97,55 @@ class QuantMode(enum.Enum):
 
 
 class Calibration(enum.Enum):
-    """How dynamic quantization finds the range of the data."""
+    """How dynamic quantization finds the range of the data.
+
+    ``MINMAX`` and ``ABSMEAN`` take it from the data directly; ``MSE`` searches clip ratios for the
+    smallest error, ``PERCENTILE`` clips at a percentile of ``|x|`` and ``FOUR_OVER_SIX`` maps each
+    NVFP4 block's maximum to 6 or to 4, whichever errs less (see :class:`MSE`, :class:`Percentile`).
+    """
 
     MINMAX = "minmax"
     ABSMEAN = "absmean"
+    MSE = "mse"
+    PERCENTILE = "percentile"
+    FOUR_OVER_SIX = "4over6"
 
     @classmethod
     def coerce(cls, value: Any) -> Calibration:
-        """Accept a member or its name (``"minmax"``, ``"absmean"``)."""
+        """Accept a member or its name (``"minmax"``, ``"absmean"``, ``"mse"``, ``"percentile"``, ``"4over6"``)."""
         result: Calibration = coerce_enum(cls, value, "calibration")
         return result
+
+
+@dataclass(frozen=True)
+class MSE:
+    """The ``mse`` search: per block, the clip ratio whose stored scale gives the smallest error.
+
+    Candidates are ``alpha_i = p_i * max|x|`` with ``p_i = 1 - i / grid`` for
+    ``i = 0 .. int(max_shrink * grid) - 1`` (llm-compressor's observer defaults); each block keeps
+    the candidate minimising ``sum w * |x - deq(q(x))|^norm``, ties going to the larger scale.
+    Text form: ``"mse"`` or ``"mse:grid=50,max_shrink=0.3,norm=2"``.
+    """
+
+    grid: int = 100
+    max_shrink: float = 0.2
+    norm: float = 2.4
+
+    @property
+    def calibration(self) -> Calibration:
+        return Calibration.MSE
+
+
+@dataclass(frozen=True)
+class Percentile:
+    """The ``percentile`` calibration: clip each block (or tensor) at the ``q``-th percentile of ``|x|``.
+
+    Nearest rank: with ``n`` elements, the ``ceil(q / 100 * n)``-th smallest ``|x|``. Text form:
+    ``"percentile"`` (q = 99.9) or ``"percentile:99.5"``.
+    """
+
+    q: float = 99.9
+
+    @property
+    def calibration(self) -> Calibration:
+        return Calibration.PERCENTILE

@@ -1,0 +1,65 @@
+"""The ``importance=`` argument: per-column error weights of a search calibration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat as compat
+
+from ..errors import DTypeError, ParamsError, ShapeError
+from ..scheme import Calibration
+from .data import can_read, check_same_place, is_real_float, namespace_of
+from .plan import SEARCHES
+
+__all__ = ["check_importance"]
+
+
+def check_importance(importance: Any, calibration: Calibration, shape: tuple[int, ...], xp: Any, device: Any) -> Any:
+    """Validate ``importance`` for data of ``shape``; return it as f32 scaled to a maximum of 1 (or None).
+
+    It must be a 1-D real floating array of length ``shape[-1]`` in the data's namespace and on its
+    device, finite and non-negative (checked where it can be read now), and only goes with a search
+    calibration (``mse``, ``4over6``). Scaling by the maximum changes no choice and keeps the
+    weighted sums finite; all zeros weigh every candidate equally (MinMax's choice).
+
+    Raises
+    ------
+    ParamsError
+        With a calibration that does not use it; negative, NaN or infinite entries.
+    DTypeError
+        Not an array, or not real floating.
+    ShapeError
+        Not 1-D of length ``shape[-1]``.
+    DeviceError
+        In another namespace or on another device than the data.
+    """
+    if importance is None:
+        return None
+    if calibration not in SEARCHES:
+        msg = (
+            f"importance weights the error of a search; calibration {calibration.value!r} does not use them: "
+            "use calibration='mse' or '4over6', or drop importance"
+        )
+        raise ParamsError(msg)
+    ixp = namespace_of(importance, "importance")
+    if not is_real_float(ixp, importance.dtype):
+        msg = f"importance has dtype {importance.dtype}; it must be real floating (e.g. mean squared activations)"
+        raise DTypeError(msg)
+    check_same_place(xp, device, importance=importance)
+    if importance.ndim != 1 or int(importance.shape[0]) != shape[-1]:
+        msg = (
+            f"importance has shape {tuple(importance.shape)}; it must be 1-D with one weight per input column "
+            f"of the data's last axis, shape ({shape[-1]},)"
+        )
+        raise ShapeError(msg)
+    v = xp.astype(importance, xp.float32)
+    if can_read(v):
+        bad = xp.logical_not(xp.isfinite(v)) | (v < 0)
+        if bool(xp.any(bad)):
+            i = int(xp.argmax(xp.astype(bad, xp.uint8)))
+            msg = f"importance has {float(v[i])} at index {i}; weights must be finite and non-negative"
+            raise ParamsError(msg)
+    top = xp.max(v)
+    dev = compat.device(v)
+    one = xp.asarray(1.0, dtype=xp.float32, device=dev)
+    return xp.divide(v, xp.where(top > 0, top, one))

@@ -1,0 +1,232 @@
+"""Calibration by search (MSE, 4over6) and by percentile, the same bits on every backend.
+
+A search tries candidate ranges ``alpha = f * max|x|`` one at a time and keeps, per block, the one
+whose stored scale gives the smallest error ``sum w * |x - deq(q(x))|^p``. Determinism across
+backends comes from three choices:
+
+* the error of each element is exact f32 arithmetic (subtract, abs, divide by a power of two);
+* ``e^p`` is not ``pow`` (whose last bit differs between libraries) but a fixed table lookup:
+  ``e = m * 2^k`` with ``m`` in [1, 2) (``k`` guessed by ``log2``, then settled by exact
+  comparisons), and ``e^p = M[j] * P[k]`` where ``M`` holds ``(1 + (j + 1/2) / 2^14)^p`` for the
+  top 14 fraction bits ``j`` of ``m`` and ``P[k] = 2^(kp)``, both rounded to f32 once on the host
+  (relative accuracy ``p * 2^-15``); ``e`` below ``2^-126`` counts as 0 and ``e`` is capped at
+  255.99. ``p = 1`` and ``p = 2`` are computed as ``e`` and ``e * e``;
+* sums run over a fixed pairwise tree in row-major order within each block (as AbsMean's).
+
+The element error is taken relative to the block's power of two ``2^K >= max|x|`` (UE8M0 round-up),
+which changes no comparison and keeps ``e^p`` far from overflow.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from array_api_compat import device as device_of
+
+from ..scheme import ScaleDtype
+from .blocks import as_blocks, grid_as_blocks, pad_to_blocks
+from .calibrate import _pairwise_sum
+from .roundup import round_up_scales
+
+__all__ = ["block_errors", "element_weights", "percentile_alpha", "pow_norm", "row_errors", "search_blocks", "select"]
+
+_FRAC_BITS = 14
+_KMIN, _KMAX = -126, 7  # binades of a relative error: normal f32 up to < 256; below 2^-126 counts as 0
+_TINY = 2.0**_KMIN
+
+
+def _f32(v: float) -> float:
+    out: float = struct.unpack("f", struct.pack("f", v))[0]
+    return out
+
+
+@functools.cache
+def _tables(p: float) -> tuple[list[float], list[float], list[float]]:
+    """Per binade ``k`` (index ``k - KMIN``): ``2^-k`` and ``2^(kp)``; per fraction ``j``: ``M[j]``."""
+    ks = range(_KMIN, _KMAX + 1)
+    down = [2.0**-k for k in ks]
+    scale = [_f32(2.0 ** (k * p)) for k in ks]
+    n = 1 << _FRAC_BITS
+    mant = [_f32((1 + (j + 0.5) / n) ** p) for j in range(n)]
+    return down, scale, mant
+
+
+def _index_dtype(xp: Any) -> Any:
+    """The namespace's default index dtype (int64, or int32 on JAX without x64): ``take`` is fastest with it."""
+    try:
+        return xp.__array_namespace_info__().default_dtypes()["indexing"]
+    except (AttributeError, TypeError, KeyError):
+        return xp.int32
+
+
+def pow_norm(e: Any, p: float, *, xp: Any) -> Any:
+    """``e^p`` for f32 ``e >= 0`` (finite, below 256), the same bits on every backend (see module doc).
+
+    The binade comes from ``log2`` (whose last bit varies by library) and is then corrected by
+    exact comparisons, so only exact operations decide the result.
+    """
+    if p == 1:
+        return e
+    if p == 2:
+        return xp.multiply(e, e)
+    dev = device_of(e)
+    f32 = xp.float32
+    down_t, scale_t, mant_t = _tables(float(p))
+    one = xp.asarray(1.0, dtype=f32, device=dev)
+    two = xp.asarray(2.0, dtype=f32, device=dev)
+    shape = tuple(e.shape)
+    e = xp.reshape(e, (-1,))  # take wants 1-d indices
+    ec = xp.clip(e, _TINY, _f32(255.99))
+    index = _index_dtype(xp)
+    # the binade as an exact float: a guess from log2 (within an ulp for normal floats), settled below
+    k = xp.clip(xp.floor(xp.log2(ec)), float(_KMIN), float(_KMAX))
+    m = xp.multiply(ec, xp.take(xp.asarray(down_t, dtype=f32, device=dev), xp.astype(k - _KMIN, index)))
+    hi = m >= two
+    lo = m < one
+    k = xp.where(hi, xp.add(k, 1.0), xp.where(lo, xp.subtract(k, 1.0), k))
+    m = xp.where(hi, xp.multiply(m, 0.5), xp.where(lo, xp.multiply(m, 2.0), m))
+    j = xp.astype(xp.floor(xp.multiply(xp.subtract(m, one), float(1 << _FRAC_BITS))), index)  # m in [1, 2)
+    out = xp.multiply(
+        xp.take(xp.asarray(mant_t, dtype=f32, device=dev), j),
+        xp.take(xp.asarray(scale_t, dtype=f32, device=dev), xp.astype(k - _KMIN, index)),
+    )
+    if scale_t[0] != 0.0:  # else (2^-126)^p underflows to 0 already: the clip changed nothing that counts
+        out = xp.where(e < _TINY, xp.asarray(0.0, dtype=f32, device=dev), out)
+    return xp.reshape(out, shape)
+
+
+def _limit(e: Any, *, xp: Any) -> Any:
+    return xp.minimum(e, xp.asarray(_f32(255.99), dtype=xp.float32, device=device_of(e)))
+
+
+def _tree_blocks(v: Any, *, xp: Any) -> Any:
+    """Sum a ``(g0, b0, g1, b1, ...)`` view per block: row-major within the block, fixed tree."""
+    rank = v.ndim // 2
+    grid = tuple(v.shape[2 * i] for i in range(rank))
+    block = math.prod(v.shape[2 * i + 1] for i in range(rank))
+    v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
+    return _pairwise_sum(xp.reshape(v, (*grid, block)), xp=xp)
+
+
+def _unit(amax: Any, *, xp: Any) -> Any:
+    """``2^K >= amax``: the power of two the element errors are measured in."""
+    return round_up_scales(amax, ScaleDtype.UE8M0, xp=xp)
+
+
+def element_weights(shape: tuple[int, ...], importance: Any, *, xp: Any, device: Any) -> Any:
+    """Per-element weights of data of ``shape``: the importance of each element's last-axis column, or 1."""
+    if importance is None:
+        return xp.ones(shape, dtype=xp.float32, device=device)
+    row = xp.reshape(importance, (1,) * (len(shape) - 1) + (shape[-1],))
+    return xp.broadcast_to(row, shape)
+
+
+def block_errors(xb: Any, deq: Any, unit_b: Any, wb: Any, p: float, *, xp: Any) -> Any:
+    """``sum w * |x - deq|^p`` per block of a block view, errors measured in ``unit_b``."""
+    e = _limit(xp.divide(xp.abs(xp.subtract(xb, deq)), unit_b), xp=xp)
+    return _tree_blocks(xp.multiply(pow_norm(e, p, xp=xp), wb), xp=xp)
+
+
+def search_blocks(
+    x: Any,
+    amax: Any,
+    dims: tuple[int, ...],
+    factors: tuple[float, ...],
+    p: float,
+    weights: Any,
+    *,
+    scale_of: Callable[[Any], Any],
+    roundtrip: Callable[[Any, Any], Any],
+    xp: Any,
+) -> Any:
+    """The chosen ``alpha`` per block (grid-shaped, f32) among ``factors * amax``.
+
+    ``x``: f32 finite data of a chunk cut at whole blocks; ``amax``: its ``max|x|`` grid;
+    ``weights``: per-element weights of ``x``'s shape. ``scale_of(alpha)`` gives the effective
+    (stored, times any global) scale grid of a candidate, ``roundtrip(xb, eff_b)`` the dequantized
+    block view. Candidates are tried in order; a later one wins only with a strictly smaller error.
+    """
+    xb = as_blocks(pad_to_blocks(x, dims, xp=xp, edge=False), dims, xp=xp)
+    wb = as_blocks(pad_to_blocks(weights, dims, xp=xp, edge=False), dims, xp=xp)  # padding weighs 0
+    unit_b = grid_as_blocks(_unit(amax, xp=xp), xp=xp)
+    best_err = best_alpha = None
+    for f in factors:
+        alpha = amax if f == 1.0 else xp.multiply(amax, xp.asarray(f, dtype=xp.float32, device=device_of(amax)))
+        deq = roundtrip(xb, grid_as_blocks(scale_of(alpha), xp=xp))
+        err = block_errors(xb, deq, unit_b, wb, p, xp=xp)
+        if best_err is None:
+            best_err, best_alpha = err, alpha
+        else:
+            better = err < best_err
+            best_err = xp.where(better, err, best_err)
+            best_alpha = xp.where(better, alpha, best_alpha)
+    return best_alpha
+
+
+def row_errors(x: Any, deq: Any, unit: Any, weights: Any, p: float, *, xp: Any) -> Any:
+    """Per-tensor search: ``sum w * |x - deq|^p`` of each row (axis 0), row-major tree; shape ``(rows,)``."""
+    e = _limit(xp.divide(xp.abs(xp.subtract(x, deq)), xp.reshape(unit, (1,) * x.ndim)), xp=xp)
+    v = xp.multiply(pow_norm(e, p, xp=xp), weights)
+    return _pairwise_sum(xp.reshape(v, (int(x.shape[0]), -1)), xp=xp)
+
+
+def select(errors: list[Any], alphas: list[Any], *, xp: Any) -> Any:
+    """Per-tensor search: the ``alpha`` of the smallest total error (ties: the earliest candidate).
+
+    ``errors[i]`` holds candidate ``i``'s row errors; totals sum them by a fixed tree. No value
+    is read: the choice is a chain of ``where``, so it stays lazy on dask and traceable on jax.
+    """
+    best_err = best_alpha = None
+    for err, alpha in zip(errors, alphas, strict=True):
+        total = _pairwise_sum(xp.reshape(err, (-1,)), xp=xp)
+        if best_err is None:
+            best_err, best_alpha = total, alpha
+        else:
+            better = total < best_err
+            best_err = xp.where(better, total, best_err)
+            best_alpha = xp.where(better, alpha, best_alpha)
+    return best_alpha
+
+
+def percentile_alpha(a: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, xp: Any) -> Any:
+    """The nearest-rank percentile ``q = q_num / q_den`` of ``|x|`` per block (or ``(1,)`` per tensor).
+
+    ``a`` is ``|x|`` (f32, non-negative). With ``n`` real elements in a block the result is its
+    ``ceil(q * n)``-th smallest (at least the first). Zero padding sorts first, so the index in the
+    padded block moves up by the padding count.
+    """
+    dev = device_of(a)
+    shape = tuple(a.shape)
+    if not dims:
+        n = math.prod(shape)
+        k = max(-(-q_num * n // q_den), 1)
+        s = xp.sort(xp.reshape(a, (-1,)))
+        return xp.reshape(s[k - 1 : k], (1,))
+    rank = len(shape)
+    v = as_blocks(pad_to_blocks(a, dims, xp=xp, edge=False), dims, xp=xp)
+    grid = tuple(v.shape[2 * i] for i in range(rank))
+    block = math.prod(dims)
+    v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
+    v = xp.sort(xp.reshape(v, (*grid, block)), axis=-1)
+    # a block's element count is the product of its per-axis counts (only edge blocks are partial);
+    # the few distinct counts get their rank in Python, exactly: ceil(q * n) = -((-q_num * n) // q_den)
+    per_axis = [[min(b, n - g * b) for g in range(gn)] for n, b, gn in zip(shape, dims, grid, strict=True)]
+    count = xp.ones(grid, dtype=xp.int32, device=dev)
+    for axis, line in enumerate(per_axis):
+        row = xp.asarray(line, dtype=xp.int32, device=dev)
+        count = xp.multiply(count, xp.reshape(row, (1,) * axis + (len(line),) + (1,) * (rank - axis - 1)))
+    sizes = {1}
+    for line in per_axis:
+        sizes = {a * b for a in sizes for b in set(line)}
+    index = xp.zeros(grid, dtype=xp.int32, device=dev)
+    for n in sorted(sizes):
+        k = max(-(-q_num * n // q_den), 1)
+        index = xp.where(count == n, xp.asarray(block - n + k - 1, dtype=xp.int32, device=dev), index)
+    pos = xp.reshape(xp.arange(block, dtype=xp.int32, device=dev), (1,) * rank + (block,))
+    hit = pos == xp.reshape(index, (*grid, 1))
+    zero = xp.asarray(0.0, dtype=xp.float32, device=dev)
+    return xp.max(xp.where(hit, v, zero), axis=-1)

@@ -5,7 +5,7 @@
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl array-api-compat
 # Then on the device:  bash ci/gpu-check.sh   (writes its report under $OUT, or gpu-report/)
-# It runs the conformance suite on numpy and cupy, then a short benchmark against the device's
+# It runs the conformance suite (the search calibrations included) on numpy and cupy, then a short benchmark against the device's
 # own copy bandwidth, and must finish in under 5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 
 ARRAYQUANT_TEST_BACKENDS=numpy,cupy timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
   -m "not slow" -W error tests/test_conformance.py tests/test_roundup.py tests/test_burn_examples.py \
-  tests/test_backends.py tests/test_dlpack.py --junitxml "$out/junit.xml" 2>&1 | tail -n 30 | tee "$out/pytest.txt"
+  tests/test_backends.py tests/test_dlpack.py tests/test_calibration_search.py --junitxml "$out/junit.xml" 2>&1 | tail -n 30 | tee "$out/pytest.txt"
 status=${PIPESTATUS[0]}
 
 # the benchmark: arrayquant's cases on the GPU (CUDA-synchronised timings) beside the device's own

@@ -93,6 +93,7 @@ from ..scheme.block import MAX_BLOCK_DIMS, BlockSize
 from ..tensor import QuantizedTensor
 from .burn import from_bytes, to_bytes
 from .checkpoint import _publish
+from .importance import search_arguments
 from .reader import Passthrough, _ml_dtype
 
 __all__ = [
@@ -996,14 +997,6 @@ def _why_not(e: BurnpackEntry, include: Sequence[str], exclude: Sequence[str]) -
     return None
 
 
-def _search(calibration: Any, importance: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
-    """``quantize``'s calibration arguments for tensor ``name``: its importance vector where there is one."""
-    out: dict[str, Any] = {"calibration": calibration}
-    if importance is not None and name in importance:
-        out["importance"] = importance[name]
-    return out
-
-
 def quantize_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -1061,7 +1054,7 @@ def quantize_file(
                     host, _ = f.tensor(e.name)
                     try:
                         # f16/bf16 are computed in f32 by quantize, a slab at a time
-                        qt = quantize(host, s, **_search(calibration, importance, e.name))
+                        qt = quantize(host, s, **search_arguments(calibration, importance, e.name))
                     except NonFiniteInputError as exc:
                         raise NonFiniteInputError(f"tensor {e.name!r} of {src}: {exc}") from None
                     del host

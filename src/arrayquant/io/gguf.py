@@ -47,6 +47,7 @@ from ..quantize import quantize
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
 from . import gguf_types
+from .importance import search_arguments
 
 __all__ = [
     "MAGIC",
@@ -1000,14 +1001,6 @@ def _encoded_rows(f: _File, t: _Info, scheme: QuantScheme, type_name: str, **sea
     return out.reshape(-1)
 
 
-def _search(calibration: Any, importance: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
-    """``quantize``'s calibration arguments for tensor ``name``: its importance vector where there is one."""
-    out: dict[str, Any] = {"calibration": calibration}
-    if importance is not None and name in importance:
-        out["importance"] = importance[name]
-    return out
-
-
 def quantize_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -1112,14 +1105,16 @@ def quantize_file(
                 t = src_t
                 if action == "quantize" and not split:  # rows are independent: a slab at a time
                     _write(
-                        writer, o, _encoded_rows(f, t, scheme_, type_name, **_search(calibration, importance, t.name))
+                        writer,
+                        o,
+                        _encoded_rows(f, t, scheme_, type_name, **search_arguments(calibration, importance, t.name)),
                     )
                 elif action == "quantize":  # the per-tensor scale needs the whole tensor
                     raw = f.raw(t)
                     values, _ = _value(raw, t, "numpy", None)
                     del raw
                     # f16/bf16 are computed in f32 by quantize, a slab at a time
-                    qt = quantize(values, scheme_, **_search(calibration, importance, t.name))
+                    qt = quantize(values, scheme_, **search_arguments(calibration, importance, t.name))
                     del values
                     # as llama.cpp stores it: blocks as they are, the scale apart
                     got, data, glob = gguf_types.encode_split(qt)

@@ -64,7 +64,7 @@ import numpy as np
 
 from ..errors import CorruptDataError, DTypeError, NonFiniteInputError, ParamsError, ShapeError
 
-__all__ = ["check_importance", "load_importance"]
+__all__ = ["check_importance", "load_importance", "search_arguments"]
 
 _FLOATS = ("F16", "BF16", "F32", "F64")
 _SUM2, _COUNTS = ".in_sum2", ".counts"
@@ -223,3 +223,15 @@ def check_importance(
                 f"it needs one per input column, {shape[-1] if shape else 'none for a scalar'}"
             )
             raise ShapeError(msg)
+
+
+def search_arguments(calibration: Any, importance: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """``quantize``'s calibration keywords for tensor ``name``: its importance vector where it has one.
+
+    >>> search_arguments("mse", {"w": [1.0]}, "w"), search_arguments("mse", {"w": [1.0]}, "b")
+    ({'calibration': 'mse', 'importance': [1.0]}, {'calibration': 'mse'})
+    """
+    out: dict[str, Any] = {"calibration": calibration}
+    if importance is not None and name in importance:
+        out["importance"] = importance[name]
+    return out

@@ -25,9 +25,10 @@ API_LAYER = 5
 LAYER_NAMES = {0: "errors", 1: "scheme", 2: "invariants", 3: "kernels", 4: "backends", 5: "api"}
 ARRAY_LIBRARIES = ("numpy", "cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 KERNEL_FORBIDDEN = ("numpy", "cupy", "torch", "jax", "dask")
-# host-side I/O and the command line read and write NumPy buffers, and the benchmark times the
-# peers (ml_dtypes, torch, jax, cupy, imported inside its functions); kernels never do
-HOST_LAYERS = ("backends", "io", "cli", "cli_commands", "bench", "metrics")
+# host-side I/O and the command line read and write NumPy buffers, the benchmark times the peers
+# (ml_dtypes, torch, jax, cupy, imported inside its functions), and the fused kernels are written
+# for one library each (Numba on NumPy arrays); the portable kernels never name one
+HOST_LAYERS = ("backends", "io", "cli", "cli_commands", "bench", "metrics", "fused")
 PURE_FORBIDDEN = (*ARRAY_LIBRARIES, "array_api_compat")
 OPTIONAL_BACKENDS = ("cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 

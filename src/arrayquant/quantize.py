@@ -48,7 +48,7 @@ from .kernels.search import element_weights, row_errors, select
 from .lazy import quantize_lazy
 from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
 from .scheme.values import MSE, Percentile
-from .storage import fields_per_word, values_layout
+from .storage import fields_per_word, pack_codes, values_layout
 from .tensor import QuantizedTensor
 
 __all__ = ["compute_q_params", "compute_range", "quantize", "round_up_scales"]
@@ -368,6 +368,21 @@ def _search_tensor(x: Any, chunks: list[Any], steps: Steps, amax: Any, tab: Any,
     return select(errors, alphas, xp=xp)
 
 
+def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tuple[Any, Any] | None:
+    """Codes and stored scales of an MSE search from the fused (Numba) kernel where it applies, else None.
+
+    The kernel repeats the portable search's f32 steps in the same order, so the bits are the same
+    (tests/test_fused_search.py compares them); ``ARRAYQUANT_FUSED=0`` turns it off.
+    """
+    from . import fused
+
+    if not fused.available():
+        return None
+    from .fused.numba_search import mse_codes_and_scales
+
+    return mse_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
+
+
 def _columns(imp: Any, c: Any, xc: Any) -> Any:
     """The importance weights of a row slab: all of them, unless the rows are the columns (1-D data)."""
     if imp is None or xc.ndim > 1:
@@ -397,6 +412,11 @@ def _quantize(
     steps = Steps(plan, shape, cal, rounding, scrub=not (check_requested and readable), spec=spec)
     grid = plan.grid_shape(shape)
     f32 = xp.float32
+    if given is None and spec.kind is Calibration.MSE and not steps.scrub:
+        hit = _fused_mse(x, plan, spec, imp, rounding)
+        if hit is not None:  # else (not covered, or NaN/inf to report) the portable path below runs
+            codes, stored_f = hit
+            return QuantizedTensor(plan.scheme, shape, x.dtype, pack_codes(codes, plan, xp=xp), stored_f, None, tab)
 
     def verify(alpha: Any) -> None:
         # a non-finite range means non-finite data: find and report it before storing anything

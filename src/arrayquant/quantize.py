@@ -368,19 +368,25 @@ def _search_tensor(x: Any, chunks: list[Any], steps: Steps, amax: Any, tab: Any,
     return select(errors, alphas, xp=xp)
 
 
-def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tuple[Any, Any] | None:
-    """Codes and stored scales of an MSE search from the fused (Numba) kernel where it applies, else None.
+def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tuple[Any, Any, Any] | None:
+    """Codes, stored scales and global (None for one level) of an MSE search from a fused (Numba) kernel, or None.
 
-    The kernel repeats the portable search's f32 steps in the same order, so the bits are the same
-    (tests/test_fused_search.py compares them); ``ARRAYQUANT_FUSED=0`` turns it off.
+    The kernels repeat the portable search's f32 steps in the same order, so the bits are the same
+    (tests/test_fused_search.py, tests/test_fused_float_search.py compare them); ``ARRAYQUANT_FUSED=0``
+    turns them off.
     """
     from . import fused
 
     if not fused.available():
         return None
+    if plan.value.is_float:
+        from .fused.numba_float_search import mse_float_codes_and_scales
+
+        return mse_float_codes_and_scales(x, plan, spec.factors, spec.norm, imp)
     from .fused.numba_search import mse_codes_and_scales
 
-    return mse_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
+    hit = mse_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
+    return None if hit is None else (hit[0], hit[1], None)
 
 
 def _columns(imp: Any, c: Any, xc: Any) -> Any:
@@ -415,8 +421,8 @@ def _quantize(
     if given is None and spec.kind is Calibration.MSE and not steps.scrub:
         hit = _fused_mse(x, plan, spec, imp, rounding)
         if hit is not None:  # else (not covered, or NaN/inf to report) the portable path below runs
-            codes, stored_f = hit
-            return QuantizedTensor(plan.scheme, shape, x.dtype, pack_codes(codes, plan, xp=xp), stored_f, None, tab)
+            codes, stored_f, glob_f = hit
+            return QuantizedTensor(plan.scheme, shape, x.dtype, pack_codes(codes, plan, xp=xp), stored_f, glob_f, tab)
 
     def verify(alpha: Any) -> None:
         # a non-finite range means non-finite data: find and report it before storing anything

@@ -379,6 +379,10 @@ def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tu
 
     if not fused.available():
         return None
+    from .fused import numba_tensor_search
+
+    if numba_tensor_search.supports(plan, tuple(int(n) for n in x.shape)):  # per-tensor integer schemes
+        return numba_tensor_search.mse_tensor_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
     if plan.value.is_float:
         from .fused.numba_float_search import mse_float_codes_and_scales
 

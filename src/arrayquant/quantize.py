@@ -372,8 +372,8 @@ def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tu
     """Codes, stored scales and global (None for one level) of an MSE search from a fused (Numba) kernel, or None.
 
     The kernels repeat the portable search's f32 steps in the same order, so the bits are the same
-    (tests/test_fused_search.py, tests/test_fused_float_search.py compare them); ``ARRAYQUANT_FUSED=0``
-    turns them off.
+    (tests/test_fused_search.py, tests/test_fused_float_search.py, tests/test_fused_block2d_search.py
+    compare them); ``ARRAYQUANT_FUSED=0`` turns them off.
     """
     from . import fused
 
@@ -387,6 +387,10 @@ def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tu
         from .fused.numba_float_search import mse_float_codes_and_scales
 
         return mse_float_codes_and_scales(x, plan, spec.factors, spec.norm, imp)
+    from .fused import numba_block2d_search as block2d
+
+    if block2d.supports(plan, tuple(int(n) for n in x.shape)):  # 2-D blocks on 2-D data
+        return block2d.mse_block2d_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
     from .fused.numba_search import mse_codes_and_scales
 
     hit = mse_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)

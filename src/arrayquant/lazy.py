@@ -252,7 +252,7 @@ def _search_tensor_lazy(x: Any, steps: Steps, check: bool, amax: Any, tab: Any, 
     for f in steps.spec.factors:
         e = dask_graph.map_chunks(chunked.row_errors, [rows], [amax, tab, imp, f], out_chunks, xp.float32)
         errors.append(xp.reshape(e, (-1,)))
-        alphas.append(xp.multiply(amax, xp.asarray(f, dtype=xp.float32)))
+        alphas.append(xp.multiply(amax, xp.asarray(f, dtype=xp.float32, device=compat.device(amax))))
     return select(errors, alphas, xp=xp)
 
 

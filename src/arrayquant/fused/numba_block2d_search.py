@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..invariants import Plan
-from ..kernels.search import _tables
 from ..scheme import QuantMode, ScaleDtype
-from .numba_search import _LAUNCH, _LIMIT, _round_up_tables, numba
+from .numba_search import _LAUNCH, _LIMIT, _round_up_tables, norm_tables, numba
 
 __all__ = ["mse_block2d_codes_and_scales", "supports"]
 
@@ -207,14 +206,7 @@ def mse_block2d_codes_and_scales(
     rows, cols = shape
     g0, g1 = -(-rows // b0), -(-cols // b1)
     mode: int
-    if norm == 1:
-        mode, mant, ptab = 0, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    elif norm == 2:
-        mode, mant, ptab = 1, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    else:
-        _, scale_t, mant_t = _tables(float(norm))
-        # scale_t is indexed by k + 126 and the biased exponent is k + 127: one slot of offset
-        mode, mant, ptab = 2, np.asarray(mant_t, np.float32), np.asarray(scale_t, np.float32)
+    mode, mant, ptab = norm_tables(norm)
     has_w = importance is not None
     w = np.ascontiguousarray(importance, dtype=np.float32) if has_w else np.ones(1, np.float32)
     codes = np.empty((rows, cols), dtype=np.int8)

@@ -22,9 +22,8 @@ import numpy as np
 
 from ..invariants import Plan
 from ..kernels.minifloat import FORMATS, decode_table
-from ..kernels.search import _tables
 from ..scheme import F32_MAX, F32_TINY, QuantMode, QuantValue, ScaleDtype
-from .numba_search import _LAUNCH, _LIMIT, _round_up_tables, numba
+from .numba_search import _LAUNCH, _LIMIT, _block_error, _round_up_tables, norm_tables, numba
 
 __all__ = ["mse_float_codes_and_scales", "supports"]
 
@@ -98,7 +97,6 @@ if numba is not None:
         inf = np.float32(np.inf)
         fmax32 = np.float32(F32_MAX)
         limit = np.float32(_LIMIT)
-        tiny = np.float32(2.0**-126)
         nf = factors.shape[0]
         for r in numba.prange(rows):
             buf = np.zeros(width, dtype=np.float32)
@@ -139,26 +137,7 @@ if numba is not None:
                         a = min(ax / div, fmax)
                         d = dtab[_magnitude(a, e2m1, thr, incl, bthr, bscale, step)] * eff
                         buf[t] = min(abs(ax - d) * down, limit)
-                    for t in range(n, width):
-                        buf[t] = zero
-                    if mode == 2:
-                        for t in range(n):
-                            u = bits[t]
-                            k = max(np.int32(u >> 23), np.int32(1)) - np.int32(1)
-                            v = mant[np.int32((u >> 9) & 0x3FFF)] * ptab[k]
-                            buf[t] = v if buf[t] >= tiny else zero
-                    elif mode == 1:
-                        for t in range(n):
-                            buf[t] = buf[t] * buf[t]
-                    if has_w:
-                        for t in range(n):
-                            buf[t] = buf[t] * w[c0 + t]
-                    h = width // 2
-                    while h >= 1:
-                        for t in range(h):
-                            buf[t] = buf[t] + buf[t + h]
-                        h //= 2
-                    err = buf[0]
+                    err = _block_error(buf, bits, n, mode, mant, ptab, w, c0, has_w)
                     if i == 0 or err < best_err:
                         best_err = err
                         best_s = s
@@ -258,13 +237,7 @@ def mse_float_codes_and_scales(
     bscale = np.asarray([2.0 ** (fmt.mbits - fmt.emin - k) for k in range(fmt.emax - fmt.emin + 1)], np.float32)
     # magnitudes only (the positive half of the table): codes below the sign bit
     dtab = np.asarray(decode_table(plan.value)[: fmt.sign_bit], dtype=np.float32)
-    if norm == 1:
-        mode, mant, ptab = 0, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    elif norm == 2:
-        mode, mant, ptab = 1, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    else:
-        _, scale_t, mant_t = _tables(float(norm))
-        mode, mant, ptab = 2, np.asarray(mant_t, np.float32), np.asarray(scale_t, np.float32)
+    mode, mant, ptab = norm_tables(norm)
     has_w = importance is not None
     w = np.ascontiguousarray(importance, dtype=np.float32) if has_w else np.ones(1, np.float32)
     codes = np.empty((rows, cols), dtype=np.uint8)

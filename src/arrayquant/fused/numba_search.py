@@ -65,6 +65,21 @@ def _round_up_tables(dtype: ScaleDtype) -> tuple[np.ndarray, ...]:
     )
 
 
+def norm_tables(norm: float) -> tuple[int, np.ndarray, np.ndarray]:
+    """How the kernels raise an error to ``norm``: (mode, mantissa table, binade table).
+
+    Mode 0 for ``norm == 1`` and 1 for ``norm == 2`` (exact products, no tables); mode 2 takes the
+    portable search's exact power tables.
+    """
+    if norm == 1:
+        return 0, np.zeros(1, np.float32), np.zeros(1, np.float32)
+    if norm == 2:
+        return 1, np.zeros(1, np.float32), np.zeros(1, np.float32)
+    _, scale_t, mant_t = _tables(float(norm))
+    # scale_t is indexed by k + 126 and the biased exponent is k + 127: one slot of offset
+    return 2, np.asarray(mant_t, np.float32), np.asarray(scale_t, np.float32)
+
+
 if numba is not None:
     _njit = numba.njit(cache=True, nogil=True)
 
@@ -91,6 +106,37 @@ if numba is not None:
         if lim[1] > zero:
             r = max(r, lim[1])
         return r + zero
+
+    @_njit
+    def _block_error(buf, bits, n, mode, mant, ptab, w, c0, has_w):
+        """The block's error from its ``n`` scaled differences in ``buf`` (its bits in ``bits``):
+        each raised to the norm (``mode`` 0: as is, 1: squared, 2: the exact table power),
+        weighted, then summed by the zero-padded pairwise tree of the portable search."""
+        zero = np.float32(0.0)
+        tiny = np.float32(2.0**-126)
+        width = buf.shape[0]
+        for t in range(n, width):
+            buf[t] = zero
+        if mode == 2:
+            for t in range(n):
+                # branch-free so that the loop vectorises (gathers): e below 2^-126 (zero,
+                # subnormal; biased exponent 0) reads slot 0 and is then replaced by 0
+                u = bits[t]
+                k = max(np.int32(u >> 23), np.int32(1)) - np.int32(1)
+                v = mant[np.int32((u >> 9) & 0x3FFF)] * ptab[k]
+                buf[t] = v if buf[t] >= tiny else zero
+        elif mode == 1:
+            for t in range(n):
+                buf[t] = buf[t] * buf[t]
+        if has_w:
+            for t in range(n):
+                buf[t] = buf[t] * w[c0 + t]
+        h = width // 2
+        while h >= 1:
+            for t in range(h):
+                buf[t] = buf[t] + buf[t + h]
+            h //= 2
+        return buf[0]
 
     @_njit
     def _code(y, qmin, qmax, half_even):
@@ -138,7 +184,6 @@ if numba is not None:
         zero = np.float32(0.0)
         inf = np.float32(np.inf)
         limit = np.float32(_LIMIT)
-        tiny = np.float32(2.0**-126)
         nf = factors.shape[0]
         magic = np.float32(12582912.0)  # 1.5 * 2^23
         for r in numba.prange(rows):
@@ -180,28 +225,7 @@ if numba is not None:
                             xv = x[r, c0 + t]
                             q = _code(xv / div, qmin, qmax, half_even)
                             buf[t] = min(abs(xv - q * s) * down, limit)
-                    for t in range(n, width):
-                        buf[t] = zero
-                    if mode == 2:
-                        for t in range(n):
-                            # branch-free so that the loop vectorises (gathers): e below 2^-126 (zero,
-                            # subnormal; biased exponent 0) reads slot 0 and is then replaced by 0
-                            u = bits[t]
-                            k = max(np.int32(u >> 23), np.int32(1)) - np.int32(1)
-                            v = mant[np.int32((u >> 9) & 0x3FFF)] * ptab[k]
-                            buf[t] = v if buf[t] >= tiny else zero
-                    elif mode == 1:
-                        for t in range(n):
-                            buf[t] = buf[t] * buf[t]
-                    if has_w:
-                        for t in range(n):
-                            buf[t] = buf[t] * w[c0 + t]
-                    h = width // 2
-                    while h >= 1:
-                        for t in range(h):
-                            buf[t] = buf[t] + buf[t + h]
-                        h //= 2
-                    err = buf[0]
+                    err = _block_error(buf, bits, n, mode, mant, ptab, w, c0, has_w)
                     if i == 0 or err < best_err:
                         best_err = err
                         best_s = s
@@ -269,14 +293,7 @@ def mse_codes_and_scales(
     x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]), dtype=np.float32)
     rows, cols = x2.shape
     nb = -(-cols // b)
-    if norm == 1:
-        mode, mant, ptab = 0, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    elif norm == 2:
-        mode, mant, ptab = 1, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    else:
-        _, scale_t, mant_t = _tables(float(norm))
-        # scale_t is indexed by k + 126 and the biased exponent is k + 127: one slot of offset
-        mode, mant, ptab = 2, np.asarray(mant_t, np.float32), np.asarray(scale_t, np.float32)
+    mode, mant, ptab = norm_tables(norm)
     has_w = importance is not None
     w = np.ascontiguousarray(importance, dtype=np.float32) if has_w else np.ones(1, np.float32)
     codes = np.empty((rows, cols), dtype=np.int8)

@@ -24,9 +24,8 @@ import math
 import numpy as np
 
 from ..invariants import Plan
-from ..kernels.search import _tables
 from ..scheme import QuantMode, ScaleDtype
-from .numba_search import _LAUNCH, _LIMIT, _round_up_tables, numba
+from .numba_search import _LAUNCH, _LIMIT, _round_up_tables, norm_tables, numba
 
 __all__ = ["mse_tensor_codes_and_scales", "supports"]
 
@@ -195,16 +194,6 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> bool:
     return bool(shape) and not plan.block_dims(shape)
 
 
-def _norm_tables(norm: float) -> tuple[int, np.ndarray, np.ndarray]:
-    if norm == 1:
-        return 0, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    if norm == 2:
-        return 1, np.zeros(1, np.float32), np.zeros(1, np.float32)
-    _, scale_t, mant_t = _tables(float(norm))
-    # scale_t is indexed by k + 126 and the biased exponent is k + 127: one slot of offset
-    return 2, np.asarray(mant_t, np.float32), np.asarray(scale_t, np.float32)
-
-
 def mse_tensor_codes_and_scales(
     x: np.ndarray,
     plan: Plan,
@@ -245,7 +234,7 @@ def mse_tensor_codes_and_scales(
     rows = shape[0]
     cols = math.prod(shape[1:])
     x2 = np.ascontiguousarray(x.reshape(rows, cols), dtype=np.float32)
-    mode, mant, ptab = _norm_tables(norm)
+    mode, mant, ptab = norm_tables(norm)
     has_w = importance is not None
     if has_w:
         imp = np.ascontiguousarray(importance, dtype=np.float32).reshape(-1)

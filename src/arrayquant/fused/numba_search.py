@@ -31,7 +31,7 @@ from ..kernels.roundup import _pow2_tables
 from ..kernels.search import _tables
 from ..scheme import QuantMode, ScaleDtype
 
-__all__ = ["mse_codes_and_scales", "supports"]
+__all__ = ["mse_codes_and_scales", "norm_tables", "supports"]
 
 _LIMIT = float(np.float32(255.99))
 

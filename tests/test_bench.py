@@ -7,6 +7,7 @@ checks against references and the reporting of unavailable peers are.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -80,6 +81,16 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
     assert ("nvfp4", "quantize", "GB/s median") in judged
     assert ("mxfp4", "dequantize", "GB/s median") in judged
     assert {t["verdict"] for t in doc["targets"]} <= {"PASS", "MISS"}
+    # search calibrations beside MinMax: time ratio, and (fused kernels on) the portable kernels' bits
+    for scheme, cal in bench.CALIBRATION_CASES:
+        r = rows[(f"{scheme} {cal}", "quantize")]
+        assert r["kind"] == "calibration"
+        assert r["vs_minmax"] == pytest.approx(rows[(scheme, "quantize")]["gbps_median"] / r["gbps_median"])
+        if cal == "mse":
+            assert (f"{scheme} mse", "quantize", "x MinMax time") in judged
+            if importlib.util.find_spec("numba") is not None:
+                assert r["check"] == "exact", scheme
+    assert "-- search calibrations" in proc.stdout
     tail = proc.stdout.split("targets (informational")[-1]
     assert "q8s:block32:f16:native   quantize" in tail
     assert "only indicative" in tail  # 256 x 256 is not the size the targets are stated for
@@ -149,6 +160,24 @@ def test_targets_pass_and_miss() -> None:
         ("nvfp4", "quantize"): "PASS",
         ("mxfp4", "dequantize"): "MISS",
     }
+
+
+def test_calibration_rows_are_judged_on_time_relative_to_minmax() -> None:
+    rows = [
+        _result("numpy.copyto", "copy", "copy", 10.0),
+        _result("nvfp4", "quantize", "arrayquant", 1.5),
+        _result("nvfp4 mse", "quantize", "calibration", 0.05),  # 30x MinMax's time: at the goal
+        _result("q4s:block32:f16", "quantize", "arrayquant", 1.0),
+        _result("q4s:block32:f16 mse", "quantize", "calibration", 0.02),  # 50x
+        _result("nvfp4 4over6", "quantize", "calibration", 0.5),  # not an mse row: timed, not judged
+    ]
+    bench._ratios(rows)
+    assert rows[2].vs_minmax == pytest.approx(30.0)
+    assert rows[5].vs_minmax == pytest.approx(3.0)
+    got = {(t["case"], t["metric"]): t["verdict"] for t in bench.targets(rows) if t["metric"] == "x MinMax time"}
+    assert got == {("nvfp4 mse", "x MinMax time"): "PASS", ("q4s:block32:f16 mse", "x MinMax time"): "MISS"}
+    lines = bench.report({"backend": "numpy", "device": "cpu", "threads": "one"}, 64, 1, rows, {})
+    assert "nvfp4 mse                quantize    30.00 x MinMax time <= 30    PASS" in lines
 
 
 def test_a_failing_peer_is_reported_not_raised() -> None:

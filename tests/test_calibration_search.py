@@ -10,6 +10,7 @@ error (``e^p`` by the documented table, summed by a pairwise tree) and keeps the
 from __future__ import annotations
 
 import math
+import tracemalloc
 from fractions import Fraction
 
 import array_api_compat
@@ -259,6 +260,55 @@ def test_percentile_matches_oracle(text: str, cal: str, kind: str) -> None:
     check_against_oracle(aq.quantize(x, text, calibration=cal), x, text, cal)
 
 
+@pytest.mark.parametrize("q", [50, 99.9, 100, 1e-6])
+def test_percentile_per_tensor_over_many_slabs(q: float) -> None:
+    # 4 MiB of data: several row slabs, and more than one dask chunk; the oracle sorts it all
+    x = data("heavy", (1024, 1030), seed=21)
+    x[5, 7] = np.float32(1e-42)  # a subnormal, and ties from repeats
+    x[6, :200] = np.float32(0.25)
+    a = np.sort(np.abs(x).reshape(-1))
+    want = a[max(math.ceil(q / 100 * a.size), 1) - 1]
+    qt = aq.quantize(x, "e4m3", calibration=aq.Percentile(q=q))
+    assert to_host(qt.scales)[0] == np.float32(want / np.float32(448))
+    lo, hi = aq.compute_range(x, "q8s", aq.Percentile(q=q))
+    assert hi.tolist() == [want]
+    assert lo.tolist() == [-want]
+    da = pytest.importorskip("dask.array")
+    import dask
+
+    def peak(calibration: aq.Percentile | str) -> tuple[int, np.ndarray]:
+        lazy = aq.quantize(da.from_array(x, chunks=(256, 515)), "e4m3", calibration=calibration)
+        tracemalloc.start()
+        try:
+            with dask.config.set(scheduler="sync"):
+                scales, _ = dask.compute(lazy.scales, lazy.values)
+            return tracemalloc.get_traced_memory()[1], scales
+        finally:
+            tracemalloc.stop()
+
+    # no task gathers the tensor: beyond what MinMax's two passes hold, the counting passes add
+    # only graph bookkeeping (a few MiB whatever the size), where one sort would add 3x the data
+    used, scales = peak(aq.Percentile(q=q))
+    assert used < peak("minmax")[0] + x.nbytes, used
+    np.testing.assert_array_equal(scales, to_host(qt.scales))
+
+
+def test_percentile_per_tensor_holds_no_sorted_copy() -> None:
+    x = data("normal", (2048, 1024), seed=22)  # 8 MiB of f32
+
+    def peak(calibration: str) -> int:
+        tracemalloc.start()
+        try:
+            aq.quantize(x, "q8s", calibration=calibration)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    peak("minmax"), peak("percentile:99")  # first calls fill caches outside the measure
+    # the same working set as MinMax's (output plus slab temporaries); a sort of |x| adds 8 MiB
+    assert peak("percentile:99") < peak("minmax") + 2**20
+
+
 def test_percentile_per_tensor_is_the_nearest_rank() -> None:
     x = data("heavy", (7, 30))
     qt = aq.quantize(x, "e4m3", calibration=aq.Percentile(q=95))
@@ -463,10 +513,26 @@ def test_nonfinite_input(text: str, cal: str) -> None:
     assert np.all(np.isfinite(to_host(qt.scales)))
 
 
-def test_compute_range_refuses_dask_search() -> None:
+@pytest.mark.parametrize(
+    ("text", "cal"),
+    [
+        ("q4s:block32:f16", "mse"),
+        ("q4s:block32:f16", "percentile:90"),
+        ("nf4", "mse"),
+        ("e4m3", "mse"),
+        ("e4m3", "percentile:99"),
+    ],
+)
+def test_compute_range_on_dask_is_lazy_and_equal(text: str, cal: str) -> None:
     da = pytest.importorskip("dask.array")
-    with pytest.raises(aq.SchemeError, match=r"needs eager data; pass x.compute\(\) or use quantize"):
-        aq.compute_range(da.from_array(data("normal", (4, 64))), "q4s:block32:f16", "mse")
+    x = data("heavy", (18, 96), seed=13)
+    imp = np.random.default_rng(14).exponential(1.0, 96).astype(np.float32) if cal == "mse" else None
+    lo, hi = aq.compute_range(x, text, cal, importance=imp)
+    lazy_imp = None if imp is None else da.from_array(imp, chunks=40)
+    llo, lhi = aq.compute_range(da.from_array(x, chunks=(5, 40)), text, cal, importance=lazy_imp)
+    assert isinstance(lhi, da.Array)
+    np.testing.assert_array_equal(lhi.compute(), hi)
+    np.testing.assert_array_equal(llo.compute(), lo)
 
 
 def test_dask_search_stays_lazy_until_computed() -> None:

@@ -112,6 +112,18 @@ TARGETS = (
     (("nvfp4",), "quantize", 0.6),
     (FOUR_BIT, "dequantize", 2.0),
 )
+# Search calibrations timed beside MinMax (issue 12: mse at most 30x MinMax's time, default grid)
+CALIBRATION_CASES = (
+    ("q8s", "mse"),
+    ("q8s:block32:f16", "mse"),
+    ("q4s:block32:f16", "mse"),
+    ("mxfp4", "mse"),
+    ("nvfp4", "mse"),
+    ("mxfp8", "mse"),
+    ("nvfp4", "4over6"),
+    ("q8s", "percentile"),
+)
+CALIBRATION_TARGET = 30.0  # x MinMax's time, for mse
 TARGET_SIZE = 8192
 TARGET_EXTRA_MIB = 64.0  # working set beyond input and output, for the 8192 x 8192 input
 
@@ -231,6 +243,7 @@ class Result:
     best_peer: str | None = None
     extra_mib: float | None = None
     check: str = ""  # "exact" / "differs" against an independent reference, "" when not checked
+    vs_minmax: float | None = None  # calibration rows: time relative to the same scheme's MinMax quantize
 
 
 @dataclass(frozen=True)
@@ -252,6 +265,7 @@ class Bench:
     repeat: int
     sync: Callable[[Any], None]
     memory: bool
+    calibrations: bool = True
     results: list[Result] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
@@ -703,6 +717,7 @@ def run(
     device: Any = None,
     peers: tuple[str, ...] = tuple(PEERS),
     memory: bool | None = None,
+    calibrations: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], list[Result], dict[str, str]]:
     """Measure everything once: (machine info, rows, unavailable peers and why)."""
@@ -715,7 +730,7 @@ def run(
 
             stack.enter_context(cupy.cuda.Device(x.device.id))  # launches go to the input's device
         sync = make_sync(backend, x)
-        b = Bench(host, x, backend, repeat, sync, memory=(backend == "numpy") if memory is None else memory)
+        b = Bench(host, x, backend, repeat, sync, (backend == "numpy") if memory is None else memory, calibrations)
         info = machine(backend, x)
         _run_cases(b, peers, log or (lambda _: None))
     _ratios(b.results)
@@ -765,6 +780,9 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
         log(f"{scheme} done")
     del codes_t, codes_b
 
+    if b.calibrations:
+        _calibration_cases(b, log)
+
     for peer in peers:
         if b.backend not in PEER_BACKENDS[peer]:
             b.unavailable[peer] = f"not with --backend {b.backend}: runs with {' or '.join(PEER_BACKENDS[peer])}"
@@ -777,6 +795,40 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
         for p in pairs:
             b.pair(p)
         log(f"{peer} done")
+
+
+def _calibration_cases(b: Bench, log: Callable[[str], None]) -> None:
+    """Search calibrations beside MinMax; on NumPy, checked against the portable kernels' bits.
+
+    Where a fused kernel ran, the same job with ``ARRAYQUANT_FUSED=0`` (untimed) must give the same
+    digest; elsewhere the row says nothing (the conformance tests compare every backend).
+    """
+    from . import fused
+
+    for scheme, cal in CALIBRATION_CASES:
+        job = functools.partial(quantize, b.x, scheme, calibration=cal)
+        qt = job()
+        b.sync(qt)
+        r = b.time(f"{scheme} {cal}", "quantize", "calibration", job, qt_bytes)
+        if b.backend == "numpy" and cal == "mse" and fused.available():
+            with _portable():
+                r.check = "exact" if digest(job()) == digest(qt) else "differs"
+        del qt
+        log(f"{scheme} {cal} done")
+
+
+@contextlib.contextmanager
+def _portable() -> Iterator[None]:
+    """The portable kernels only, for the duration (the fused ones stay off)."""
+    old = os.environ.get("ARRAYQUANT_FUSED")
+    os.environ["ARRAYQUANT_FUSED"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["ARRAYQUANT_FUSED"]
+        else:
+            os.environ["ARRAYQUANT_FUSED"] = old
 
 
 def _obvious_namespace(backend: str) -> Any:
@@ -815,6 +867,9 @@ def _ratios(results: list[Result]) -> None:
     index = {(r.case, r.op): r for r in results}
     for r in results:
         r.vs_copy = r.gbps_median / copy
+        if r.kind == "calibration":
+            minmax = index.get((r.case.split(" ")[0], r.op))
+            r.vs_minmax = None if minmax is None else minmax.gbps_median / r.gbps_median
         if r.kind != "arrayquant":
             continue
         form = _numpy_reference(r.case)
@@ -844,6 +899,16 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
     """The issue's targets, judged on this run's medians (and the working-set bound)."""
     out: list[dict[str, Any]] = []
     for r in results:
+        if r.kind == "calibration" and r.case.endswith(" mse") and r.vs_minmax is not None:
+            out.append(
+                {
+                    "case": r.case,
+                    "op": r.op,
+                    "metric": "x MinMax time",
+                    "value": r.vs_minmax,
+                    "goal": CALIBRATION_TARGET,
+                }
+            )
         if r.kind != "arrayquant":
             continue
         for cases, op, goal in TARGETS:
@@ -854,9 +919,13 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
                 {"case": r.case, "op": r.op, "metric": "MiB extra", "value": r.extra_mib, "goal": TARGET_EXTRA_MIB}
             )
     for t in out:
-        ok = t["value"] >= t["goal"] if t["metric"] == "GB/s median" else t["value"] <= t["goal"]
+        ok = t["value"] >= t["goal"] if _higher_is_better(t) else t["value"] <= t["goal"]
         t["verdict"] = verdict(ok)
     return out
+
+
+def _higher_is_better(t: dict[str, Any]) -> bool:
+    return bool(t["metric"] == "GB/s median")
 
 
 def _fmt(v: float | None, spec: str = ".2f") -> str:
@@ -894,6 +963,15 @@ def report(info: dict[str, Any], size: int, repeat: int, results: list[Result], 
                 f"{_fmt(r.vs_numpy):>7} {_fmt(r.vs_peer):>6}  {r.best_peer or '':<30} {_fmt(r.extra_mib, '.1f'):>6} "
                 f"{r.first_s:7.2f} {r.check:<7}"
             )
+    cal = [r for r in results if r.kind == "calibration"]
+    if cal:
+        rows += ["", "-- search calibrations (x MinMax = time relative to the same scheme's MinMax quantize above)"]
+        rows += [f"{'case':<30} {'op':<10} {'median':>7} {'best':>7} {'x MinMax':>8} {'MiB+':>6} {'check':<7}"]
+        rows += [
+            f"{r.case:<30} {r.op:<10} {r.gbps_median:7.2f} {r.gbps_best:7.2f} {_fmt(r.vs_minmax, '.1f'):>8} "
+            f"{_fmt(r.extra_mib, '.1f'):>6} {r.check:<7}"
+            for r in cal
+        ]
     jit = _jit_gain(results)
     if jit:
         rows += ["", "-- what XLA fusion gives: jax.jit(arrayquant) / arrayquant eager on this backend, medians"]
@@ -922,7 +1000,7 @@ def report(info: dict[str, Any], size: int, repeat: int, results: list[Result], 
 
 
 def _target_op(t: dict[str, Any]) -> str:
-    return ">=" if t["metric"] == "GB/s median" else "<="
+    return ">=" if _higher_is_better(t) else "<="
 
 
 def _jit_gain(results: list[Result]) -> list[str]:
@@ -969,6 +1047,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc working-set runs")
     parser.add_argument(
+        "--no-calibration", action="store_true", help="skip the search calibration rows (mse, 4over6, percentile)"
+    )
+    parser.add_argument(
         "--no-pin", action="store_true", help="do not pin the process to one CPU (threads are still limited to one)"
     )
 
@@ -985,7 +1066,14 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         say("jax was imported before the benchmark pinned its CPU: XLA's thread pool may use more cores")
     with one_cpu(not args.no_pin) as cpu:
         info, results, unavailable = run(
-            args.size, args.repeat, backend=args.backend, device=args.device, peers=args.peers, memory=memory, log=say
+            args.size,
+            args.repeat,
+            backend=args.backend,
+            device=args.device,
+            peers=args.peers,
+            memory=memory,
+            calibrations=not args.no_calibration,
+            log=say,
         )
     pinned = f"process pinned to CPU {cpu}, " if cpu is not None else "process not pinned, "
     info["threads"] = f"one core: {pinned}OMP/BLAS threads 1, torch.set_num_threads(1), XLA Eigen pool off"
@@ -1059,6 +1147,18 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {r['case']} | {r['op']} | {r['gbps_median']:.2f} | {r['gbps_best']:.2f} | {r['vs_copy']:.3f} | "
                 f"{r['first_s']:.2f} | {', '.join(f'`{c}`' for c in near)} |"
             )
+    cal = [r for r in rows if r["kind"] == "calibration"]
+    if cal:
+        out += [
+            "",
+            "| calibration | op | median GB/s | x MinMax time | MiB extra | check |",
+            "|---|---|--:|--:|--:|---|",
+        ]
+        out += [
+            f"| `{r['case']}` | {r['op']} | {r['gbps_median']:.2f} | {num(r['vs_minmax'], '.1f')} | "
+            f"{num(r['extra_mib'], '.1f')} | {r['check']} |"
+            for r in cal
+        ]
     jit = [r for r in rows if r["kind"] == "jit"]
     if jit:
         eager_on = "NumPy" if m["backend"] == "numpy" else m["backend"]
@@ -1075,7 +1175,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out += [f"- {name}: {why}" for name, why in doc["unavailable"].items()]
     out += ["", "| target | op | measured | goal | verdict |", "|---|---|--:|--:|---|"]
     for t in doc["targets"]:
-        sign = ">=" if t["metric"] == "GB/s median" else "<="
+        sign = _target_op(t)
         out.append(
             f"| `{t['case']}` | {t['op']} | {t['value']:.2f} {t['metric']} | {sign} {t['goal']:g} | {t['verdict']} |"
         )

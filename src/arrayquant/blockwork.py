@@ -7,6 +7,9 @@ same steps serve a slab of a NumPy array and one task of a dask graph.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +33,7 @@ from .kernels import (
 from .kernels.calibrate import finite_abs
 from .kernels.minifloat import FORMATS
 from .kernels.qparams import block_scales, effective_scale, normalise_scales, scales_from_absmax, store_scales
-from .kernels.search import element_weights, percentile_alpha, search_blocks
+from .kernels.search import count_below, element_weights, kth_smallest, nearest_rank, percentile_alpha, search_blocks
 from .scheme import F32_MAX, Calibration
 from .storage import pack_codes, unpack_values
 
@@ -72,8 +75,9 @@ class Steps:
         if self.calibration is Calibration.ABSMEAN:
             return compute_range(xc, self.dims, self.calibration, xp=xp, finite_only=self.scrub)[1]
         if self.calibration is Calibration.PERCENTILE:
-            xf = xp.astype(xc, xp.float32, copy=False)
-            a = finite_abs(xf, xp=xp) if self.scrub else xp.abs(xf)
+            if not self.dims:
+                return self.tensor_percentile([xc], xp=xp)
+            a = self.magnitudes(xc, xp=xp)
             alpha = percentile_alpha(a, self.dims, self.spec.q_num, self.spec.q_den, xp=xp)
             if self.scrub:
                 return alpha
@@ -81,6 +85,36 @@ class Steps:
             top = xp.max(a)
             return xp.where(xp.isfinite(top), alpha, top)
         return absmax(xc, self.dims, xp=xp, finite_only=self.scrub)
+
+    def magnitudes(self, xc: Any, *, xp: Any) -> Any:
+        """``|x|`` of the chunk in f32 (non-finite values as 0 when the input is not verified finite)."""
+        xf = xp.astype(xc, xp.float32, copy=False)
+        return finite_abs(xf, xp=xp) if self.scrub else xp.abs(xf)
+
+    def tensor_percentile(self, slabs: Sequence[Any], *, xp: Any) -> Any:
+        """The per-tensor percentile range of an eager array given as row slabs, ``(1,)`` f32.
+
+        The element a sort of the whole ``|x|`` would pick, found by counting passes over the
+        slabs (:func:`~arrayquant.kernels.search.kth_smallest`), so no sorted copy is held.
+        """
+
+        def count(value: Any) -> Any:
+            return functools.reduce(xp.add, (count_below(self.magnitudes(s, xp=xp), value, xp=xp) for s in slabs))
+
+        top = (
+            None if self.scrub else max_of([xp.reshape(xp.max(self.magnitudes(s, xp=xp)), (1,)) for s in slabs], xp=xp)
+        )
+        return self.percentile_of(count, top, xp=xp, device=device_of(slabs[0]))
+
+    def percentile_of(self, count: Callable[[Any], Any], top: Any, *, xp: Any, device: Any) -> Any:
+        """The per-tensor percentile from a counting function; ``top`` is ``max|x|`` (None if scrubbed).
+
+        NaN and infinities are never picked: a non-finite ``top`` is returned instead, so the
+        finiteness check still sees them.
+        """
+        k = nearest_rank(math.prod(self.shape), self.spec.q_num, self.spec.q_den)
+        alpha = kth_smallest(count, k, xp=xp, device=device)
+        return alpha if top is None else xp.where(xp.isfinite(top), alpha, top)
 
     def scale_of(self, alpha: Any, glob: Any, table: Any, *, xp: Any) -> Any:
         """The effective scales a range ``alpha`` gives: stored (rounded up or OCP), times any global."""

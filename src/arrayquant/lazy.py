@@ -30,12 +30,12 @@ from .kernels import (
     scales_from_absmax,
     store_scales,
 )
-from .kernels.search import element_weights, row_errors, select
+from .kernels.search import count_below, element_weights, row_errors, select
 from .scheme import Calibration, ScaleDtype
 from .storage import fields_per_word, values_layout
 from .tensor import QuantizedTensor
 
-__all__ = ["dequantize_lazy", "quantize_lazy"]
+__all__ = ["dequantize_lazy", "quantize_lazy", "range_lazy"]
 
 
 @dataclass(frozen=True)
@@ -150,13 +150,40 @@ class _Chunked:
                 out.put(c.grid, store_scales(s, plan, xp=xp))
         return out.result
 
-    def percentile(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
-        """Per-tensor percentile of a chunk holding the whole tensor, shaped ``(1,) * rank``."""
+    def searched_range(self, xc: Any, table: Any, imp: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """One-level per block: the chunk's searched (or percentile) range grid, before any scale."""
+        xp = _ns(xc)
+        slabs = self._slabs(xc)
+        out = Sink(len(slabs), self.steps.plan.grid_shape(tuple(xc.shape)), xp.float32, xp, compat.device(xc))
+        with shim.quiet(xp):
+            for c in slabs:
+                xs = xc[c.rows, ...]
+                alpha = self.steps.alpha(xs, xp=xp)
+                if self.steps.searches:
+                    alpha = self.steps.search(xs, alpha, table, None, self._imp(imp, xc, block_id, c), xp=xp)
+                out.put(c.grid, alpha)
+        return out.result
+
+    def top(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor percentile: ``max|x|`` of the chunk (checked finite), shaped ``(1,) * rank``."""
         xp = _ns(xc)
         with shim.quiet(xp):
-            alpha = self.steps.alpha(xc, xp=xp)
-            self._verify(xc, alpha, xp, block_id)
-            return xp.reshape(alpha, (1,) * xc.ndim)
+            top = max_of(
+                [xp.reshape(xp.max(self.steps.magnitudes(xc[c.rows, ...], xp=xp)), (1,)) for c in self._slabs(xc)],
+                xp=xp,
+            )
+            self._verify(xc, top, xp, block_id)
+            return xp.reshape(top, (1,) * xc.ndim)
+
+    def count_below(self, xc: Any, value: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor percentile: how many of the chunk's ``|x|`` lie below ``value``, shaped ``(1,) * rank``."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            n = sum(
+                int(count_below(self.steps.magnitudes(xc[c.rows, ...], xp=xp), value, xp=xp)[0])
+                for c in self._slabs(xc)
+            )
+        return xp.full((1,) * xc.ndim, n, dtype=xp.int64, device=compat.device(xc))
 
     def row_errors(self, xc: Any, amax: Any, table: Any, imp: Any, f: float, block_id: tuple[int, ...] = ()) -> Any:
         """Per-tensor search: the error of each row of the chunk (whole rows) under candidate ``f``."""
@@ -256,6 +283,38 @@ def _search_tensor_lazy(x: Any, steps: Steps, check: bool, amax: Any, tab: Any, 
     return select(errors, alphas, xp=xp)
 
 
+def _percentile_lazy(x: Any, chunked: _Chunked, layout: _Layout, xp: Any) -> Any:
+    """Per-tensor percentile as a graph: 31 counting passes, one small task per chunk each."""
+    steps = chunked.steps
+    ones = tuple((1,) * len(c) for c in layout.data)
+    top = xp.reshape(xp.max(dask_graph.map_chunks(chunked.top, [x], [], ones, xp.float32)), (1,))
+
+    def count(value: Any) -> Any:
+        return xp.reshape(xp.sum(dask_graph.map_chunks(chunked.count_below, [x], [value], ones, xp.int64)), (1,))
+
+    return steps.percentile_of(count, None if steps.scrub else top, xp=xp, device=compat.device(top))
+
+
+def range_lazy(x: Any, plan: Plan, spec: Any, tab: Any, imp: Any) -> Any:
+    """The percentile or searched range of the dask array ``x`` per block (or ``(1,)``), lazily.
+
+    As the eager ``compute_range``: one-level schemes only, input not checked for finiteness.
+    """
+    xp = shim.kernel_namespace(compat.array_namespace(x))
+    shape = tuple(int(n) for n in x.shape)
+    steps = Steps(plan, shape, spec.kind, spec=spec)
+    x = dask_graph.rechunk(x, dask_graph.aligned(x.chunks, _units(plan, shape)))
+    layout = _layout(plan, tuple(x.chunks))
+    chunked = _Chunked(steps, False, layout.data)
+    f32 = xp.float32
+    if plan.block_dims(shape):
+        return dask_graph.map_chunks(chunked.searched_range, [x], [tab, imp], layout.grid, f32)
+    if spec.kind is Calibration.PERCENTILE:
+        return _percentile_lazy(x, chunked, layout, xp)
+    parts = dask_graph.map_chunks(chunked.alpha, [x], [], tuple((1,) * len(c) for c in layout.data), f32)
+    return _search_tensor_lazy(x, steps, False, xp.reshape(xp.max(parts), (1,)), tab, imp, xp)
+
+
 class _Refuse:
     """A task that passes a chunk of static scales on, once none is NaN, infinite or negative."""
 
@@ -330,12 +389,7 @@ def quantize_lazy(
                 x = dask_graph.map_chunks(chunked.checked, [x], [], layout.data, x.dtype)
             alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
         elif cal is Calibration.PERCENTILE:
-            # one sort over the whole tensor: a single task holds it (per-tensor percentile only)
-            whole = dask_graph.rechunk(x, tuple((n,) for n in shape))
-            parts = dask_graph.map_chunks(
-                _Chunked(steps, check, tuple((n,) for n in shape)).percentile, [whole], [], ((1,),) * len(shape), f32
-            )
-            alpha = xp.reshape(parts, (1,))
+            alpha = _percentile_lazy(x, chunked, layout, xp)  # the max pass checks each chunk
         else:
             parts = dask_graph.map_chunks(chunked.alpha, [x], [], tuple((1,) * len(c) for c in layout.data), f32)
             alpha = xp.reshape(xp.max(parts), (1,))

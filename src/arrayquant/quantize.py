@@ -45,7 +45,7 @@ from .kernels import (
     round_up_scales as _round_up,
 )
 from .kernels.search import element_weights, row_errors, select
-from .lazy import quantize_lazy
+from .lazy import quantize_lazy, range_lazy
 from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
 from .scheme.values import MSE, Percentile
 from .storage import fields_per_word, pack_codes, values_layout
@@ -119,13 +119,13 @@ def compute_range(
             f"calibration={spec.kind.value!r}) instead"
         )
         raise SchemeError(msg)
-    if dask_graph.handles(x):
-        msg = f"compute_range with calibration {spec.kind.value!r} needs eager data; pass x.compute() or use quantize"
-        raise SchemeError(msg)
     with shim.quiet(xp):
         imp = check_importance(importance, spec.kind, shape, xp, device)
         kx = shim.kernel_namespace(xp)
-        alpha = _searched_range(x, plan, spec, imp, kx)
+        if dask_graph.handles(x):
+            alpha = range_lazy(x, plan, spec, check_table(None, plan, xp, device), imp)
+        else:
+            alpha = _searched_range(x, plan, spec, imp, kx)
         return kx.negative(alpha), alpha
 
 
@@ -138,7 +138,7 @@ def _searched_range(x: Any, plan: Plan, spec: CalSpec, imp: Any, xp: Any) -> Any
     tab = check_table(None, plan, xp, device_of(x))
     if not dims:
         if spec.kind is Calibration.PERCENTILE:
-            return steps.alpha(x, xp=xp)
+            return steps.tensor_percentile([x[c.rows, ...] for c in chunks], xp=xp)
         amax = max_of([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp=xp)
         return _search_tensor(x, chunks, steps, amax, tab, imp, xp)
     sink = Sink(len(chunks), plan.grid_shape(shape), xp.float32, xp, device_of(x))
@@ -455,8 +455,10 @@ def _quantize(
         raw = sink.result
         glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)
     elif not fused:
-        if cal in (Calibration.ABSMEAN, Calibration.PERCENTILE):
-            alpha = steps.alpha(x, xp=xp)  # one fixed summation tree (one sort) over the whole tensor
+        if cal is Calibration.ABSMEAN:
+            alpha = steps.alpha(x, xp=xp)  # one fixed summation tree over the whole tensor
+        elif cal is Calibration.PERCENTILE:
+            alpha = steps.tensor_percentile([x[c.rows, ...] for c in chunks], xp=xp)  # counting passes over slabs
         else:
             alpha = max_of([steps.alpha(x[c.rows, ...], xp=xp) for c in chunks], xp=xp)
         verify(alpha)

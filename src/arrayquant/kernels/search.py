@@ -32,7 +32,17 @@ from .blocks import as_blocks, grid_as_blocks, pad_to_blocks
 from .calibrate import _pairwise_sum
 from .roundup import round_up_scales
 
-__all__ = ["block_errors", "element_weights", "percentile_alpha", "pow_norm", "row_errors", "search_blocks", "select"]
+__all__ = [
+    "block_errors",
+    "count_below",
+    "element_weights",
+    "kth_smallest",
+    "percentile_alpha",
+    "pow_norm",
+    "row_errors",
+    "search_blocks",
+    "select",
+]
 
 _FRAC_BITS = 14
 _KMIN, _KMAX = -126, 7  # binades of a relative error: normal f32 up to < 256; below 2^-126 counts as 0
@@ -193,7 +203,7 @@ def select(errors: list[Any], alphas: list[Any], *, xp: Any) -> Any:
 
 
 def percentile_alpha(a: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, xp: Any) -> Any:
-    """The nearest-rank percentile ``q = q_num / q_den`` of ``|x|`` per block (or ``(1,)`` per tensor).
+    """The nearest-rank percentile ``q = q_num / q_den`` of ``|x|`` per block (``dims`` not empty).
 
     ``a`` is ``|x|`` (f32, non-negative). With ``n`` real elements in a block the result is its
     ``ceil(q * n)``-th smallest (at least the first). Zero padding sorts first, so the index in the
@@ -201,11 +211,6 @@ def percentile_alpha(a: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, x
     """
     dev = device_of(a)
     shape = tuple(a.shape)
-    if not dims:
-        n = math.prod(shape)
-        k = max(-(-q_num * n // q_den), 1)
-        s = xp.sort(xp.reshape(a, (-1,)))
-        return xp.reshape(s[k - 1 : k], (1,))
     rank = len(shape)
     v = as_blocks(pad_to_blocks(a, dims, xp=xp, edge=False), dims, xp=xp)
     grid = tuple(v.shape[2 * i] for i in range(rank))
@@ -224,9 +229,61 @@ def percentile_alpha(a: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, x
         sizes = {a * b for a in sizes for b in set(line)}
     index = xp.zeros(grid, dtype=xp.int32, device=dev)
     for n in sorted(sizes):
-        k = max(-(-q_num * n // q_den), 1)
+        k = nearest_rank(n, q_num, q_den)
         index = xp.where(count == n, xp.asarray(block - n + k - 1, dtype=xp.int32, device=dev), index)
     pos = xp.reshape(xp.arange(block, dtype=xp.int32, device=dev), (1,) * rank + (block,))
     hit = pos == xp.reshape(index, (*grid, 1))
     zero = xp.asarray(0.0, dtype=xp.float32, device=dev)
     return xp.max(xp.where(hit, v, zero), axis=-1)
+
+
+def nearest_rank(n: int, q_num: int, q_den: int) -> int:
+    """The rank of the ``q = q_num / q_den`` percentile of ``n`` values: ``ceil(q * n)``, at least 1."""
+    return max(-(-q_num * n // q_den), 1)
+
+
+@functools.cache
+def _binade_table() -> list[float]:
+    """``2^(e - 127)`` for every f32 exponent field ``e`` (``e = 0`` unused, ``e = 255`` infinite)."""
+    return [0.0] + [2.0 ** (e - 127) for e in range(1, 255)] + [math.inf]
+
+
+def _key_value(key: Any, *, xp: Any, device: Any) -> Any:
+    """The f32 whose bit pattern is ``key`` (``(1,)`` int32, sign bit clear), by exact arithmetic.
+
+    No backend-neutral bitcast exists, so the value is rebuilt from the fields: ``(1 + m/2^23) *
+    2^(e-127)`` for a normal pattern, ``m * 2^-23 * 2^-126`` for a subnormal one; every step is
+    exact. Exponent 255 gives infinity (a NaN pattern too: only ``< value`` is ever asked).
+    """
+    i32 = xp.int32
+    e = xp.bitwise_right_shift(key, xp.asarray(23, dtype=i32, device=device))
+    m = xp.astype(xp.bitwise_and(key, xp.asarray((1 << 23) - 1, dtype=i32, device=device)), xp.float32)
+    frac = xp.multiply(m, xp.asarray(2.0**-23, dtype=xp.float32, device=device))
+    power = xp.take(xp.asarray(_binade_table(), dtype=xp.float32, device=device), xp.astype(e, _index_dtype(xp)))
+    normal = xp.multiply(xp.add(frac, 1.0), power)
+    sub = xp.multiply(frac, xp.asarray(2.0**-126, dtype=xp.float32, device=device))
+    return xp.where(e == 0, sub, normal)
+
+
+def kth_smallest(count_below: Callable[[Any], Any], k: int, *, xp: Any, device: Any) -> Any:
+    """The ``k``-th smallest of non-negative f32 values, as ``(1,)`` f32, from counts alone.
+
+    ``count_below(v)`` counts the values below ``v`` (a ``(1,)`` f32 array): over row slabs of an
+    eager array, or as a chunked reduction of a lazy one, so nothing is sorted or held whole. The
+    answer's bit pattern is found one bit at a time from the top: a candidate pattern is kept when
+    fewer than ``k`` values lie below its value. Non-negative floats order as their patterns do,
+    so 31 counting passes give exactly the element a sort would; nothing is read back, so the
+    passes stay lazy on dask and traceable on jax. NaN counts as above every value.
+    """
+    i32 = xp.int32
+    key = xp.zeros((1,), dtype=i32, device=device)
+    for bit in range(30, -1, -1):
+        cand = xp.bitwise_or(key, xp.asarray(1 << bit, dtype=i32, device=device))
+        key = xp.where(count_below(_key_value(cand, xp=xp, device=device)) < k, cand, key)
+    return _key_value(key, xp=xp, device=device)
+
+
+def count_below(a: Any, value: Any, *, xp: Any) -> Any:
+    """How many elements of ``a`` lie below ``value`` (``(1,)``), as a ``(1,)`` count (no widened copy)."""
+    below = a < xp.reshape(value, (1,) * a.ndim)
+    return xp.reshape(xp.astype(xp.count_nonzero(below), _index_dtype(xp)), (1,))

@@ -228,14 +228,18 @@ def test_checks_compare_with_the_reference() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
-def test_one_cpu_pins_and_restores() -> None:
+def test_pinned_pins_and_restores() -> None:
     before = os.sched_getaffinity(0)
-    with bench.one_cpu() as cpu:
-        assert cpu in before
-        assert os.sched_getaffinity(0) == {cpu}
+    with bench.pinned(1) as cpus:
+        assert cpus is not None
+        assert len(cpus) == 1
+        assert set(cpus) <= before
+        assert os.sched_getaffinity(0) == set(cpus)
     assert os.sched_getaffinity(0) == before
-    with bench.one_cpu(enabled=False) as cpu:
-        assert cpu is None
+    with bench.pinned(len(before)) as cpus:
+        assert cpus == sorted(before)
+    with bench.pinned(len(before) + 1) as cpus:  # more than the process may use: left alone
+        assert cpus is None
         assert os.sched_getaffinity(0) == before
 
 

@@ -26,6 +26,7 @@ from .errors import (
     ShapeError,
     UnexpectedGlobalScaleError,
 )
+from .fused import fused_kernels
 from .gptq import GPTQResult, gptq_quantize, gptq_solve
 from .io import from_bytes, load, save, to_bytes
 from .io.ct_model import ModelSummary, quantize_model
@@ -91,6 +92,7 @@ __all__ = [
     "error_report",
     "errors",
     "from_bytes",
+    "fused_kernels",
     "gptq_quantize",
     "gptq_solve",
     "load",

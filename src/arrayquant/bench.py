@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, fused
 from .backends import shim
 from .convert import asarray
 from .dequantize import dequantize
@@ -74,8 +74,8 @@ __all__ = [
     "np_quantize_block",
     "np_quantize_float",
     "np_quantize_tensor",
-    "one_cpu",
     "one_thread",
+    "pinned",
     "qt_bytes",
     "reason",
     "report",
@@ -124,6 +124,10 @@ CALIBRATION_CASES = (
     ("q8s", "percentile"),
 )
 CALIBRATION_TARGET = 30.0  # x MinMax's time, for mse
+# Targets of issue 13 (fused kernels, one thread), judged on the median against copy and peers
+COPY_TARGETS = {"quantize": 0.25, "dequantize": 0.4}
+COPY_TARGET_EXCEPTIONS = {("nvfp4", "quantize"): 0.2, ("mxfp8", "quantize"): 0.2}
+PEER_TARGET = 1.0  # quantize rows: x the fastest peer for the same job
 TARGET_SIZE = 8192
 TARGET_EXTRA_MIB = 64.0  # working set beyond input and output, for the 8192 x 8192 input
 
@@ -266,6 +270,7 @@ class Bench:
     sync: Callable[[Any], None]
     memory: bool
     calibrations: bool = True
+    portable: bool = True
     results: list[Result] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
@@ -458,23 +463,21 @@ def _current_cpu() -> int | None:
 
 
 @contextlib.contextmanager
-def one_cpu(enabled: bool = True) -> Iterator[int | None]:
-    """Pin this process to the CPU it runs on, and restore its CPU set afterwards.
+def pinned(n: int) -> Iterator[list[int] | None]:
+    """Pin this process to ``n`` CPUs (the one it runs on first), restoring its CPU set afterwards.
 
-    Threads started meanwhile keep the single CPU: XLA's CPU thread pool otherwise runs jax.jit on
-    every core whatever its flags (measured 1.7 CPU-seconds per second on 2 cores), and a pinned
-    process is one core's work by construction. Yields the CPU, or None where pinning is not
-    available (not Linux) or not wanted.
+    Yields the CPUs, or None where pinning is not available or fewer CPUs are allowed.
     """
-    if not enabled or not hasattr(os, "sched_setaffinity"):
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < n:
         yield None
         return
     allowed = os.sched_getaffinity(0)
     cpu = _current_cpu()
-    cpu = cpu if cpu in allowed else min(allowed)
-    os.sched_setaffinity(0, {cpu})
+    first = cpu if cpu in allowed else min(allowed)
+    cpus = [first, *sorted(c for c in allowed if c != first)][:n]
+    os.sched_setaffinity(0, set(cpus))
     try:
-        yield cpu
+        yield sorted(cpus)
     finally:
         os.sched_setaffinity(0, allowed)
 
@@ -718,6 +721,7 @@ def run(
     peers: tuple[str, ...] = tuple(PEERS),
     memory: bool | None = None,
     calibrations: bool = True,
+    portable: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], list[Result], dict[str, str]]:
     """Measure everything once: (machine info, rows, unavailable peers and why)."""
@@ -730,7 +734,8 @@ def run(
 
             stack.enter_context(cupy.cuda.Device(x.device.id))  # launches go to the input's device
         sync = make_sync(backend, x)
-        b = Bench(host, x, backend, repeat, sync, (backend == "numpy") if memory is None else memory, calibrations)
+        mem = (backend == "numpy") if memory is None else memory
+        b = Bench(host, x, backend, repeat, sync, mem, calibrations, portable)
         info = machine(backend, x)
         _run_cases(b, peers, log or (lambda _: None))
     _ratios(b.results)
@@ -768,6 +773,7 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
         b.pair(p)
     log("references done")
 
+    fused_on = fused.available() if b.backend == "numpy" else fused.gpu_available()
     for scheme in ALL_CASES:
         qt = quantize(x, scheme)
         b.sync(qt)
@@ -775,8 +781,11 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
         r.check = _verify(scheme, qt, host, (codes_t, np.asarray([scale_t])), (codes_b, scales_b))
         if b.backend == "numpy":
             b.digests[scheme] = digest(qt)
+        y = dequantize(qt)
         b.time(scheme, "dequantize", "arrayquant", functools.partial(dequantize, qt), lambda y: y.nbytes)
-        del qt
+        if fused_on and b.portable:
+            _portable_rows(b, scheme, qt, y)
+        del qt, y
         log(f"{scheme} done")
     del codes_t, codes_b
 
@@ -797,38 +806,42 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
         log(f"{peer} done")
 
 
+def _portable_rows(b: Bench, scheme: str, qt: QuantizedTensor, y: Any) -> None:
+    """The same jobs on the portable kernels, timed; each checked equal to the fused result."""
+    x = b.x
+
+    def q() -> Any:
+        with fused.fused_kernels(False):
+            return quantize(x, scheme)
+
+    def dq() -> Any:
+        with fused.fused_kernels(False):
+            return dequantize(qt)
+
+    name = f"{scheme} portable"
+    r = b.time(name, "quantize", "portable", q, qt_bytes)
+    r.check = "exact" if digest(q()) == digest(qt) else "differs"
+    r = b.time(name, "dequantize", "portable", dq, lambda y: y.nbytes)
+    same = np.array_equal(shim.to_host(dq()).view(np.uint8), shim.to_host(y).view(np.uint8))
+    r.check = "exact" if same else "differs"
+
+
 def _calibration_cases(b: Bench, log: Callable[[str], None]) -> None:
     """Search calibrations beside MinMax; on NumPy, checked against the portable kernels' bits.
 
     Where a fused kernel ran, the same job with ``ARRAYQUANT_FUSED=0`` (untimed) must give the same
     digest; elsewhere the row says nothing (the conformance tests compare every backend).
     """
-    from . import fused
-
     for scheme, cal in CALIBRATION_CASES:
         job = functools.partial(quantize, b.x, scheme, calibration=cal)
         qt = job()
         b.sync(qt)
         r = b.time(f"{scheme} {cal}", "quantize", "calibration", job, qt_bytes)
         if b.backend == "numpy" and cal == "mse" and fused.available():
-            with _portable():
+            with fused.fused_kernels(False):
                 r.check = "exact" if digest(job()) == digest(qt) else "differs"
         del qt
         log(f"{scheme} {cal} done")
-
-
-@contextlib.contextmanager
-def _portable() -> Iterator[None]:
-    """The portable kernels only, for the duration (the fused ones stay off)."""
-    old = os.environ.get("ARRAYQUANT_FUSED")
-    os.environ["ARRAYQUANT_FUSED"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["ARRAYQUANT_FUSED"]
-        else:
-            os.environ["ARRAYQUANT_FUSED"] = old
 
 
 def _obvious_namespace(backend: str) -> Any:
@@ -911,6 +924,11 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
             )
         if r.kind != "arrayquant":
             continue
+        goal = COPY_TARGET_EXCEPTIONS.get((r.case, r.op), COPY_TARGETS.get(r.op))
+        if goal is not None:
+            out.append({"case": r.case, "op": r.op, "metric": "x copy", "value": r.vs_copy, "goal": goal})
+        if r.op == "quantize" and r.vs_peer is not None:
+            out.append({"case": r.case, "op": r.op, "metric": "x peer", "value": r.vs_peer, "goal": PEER_TARGET})
         for cases, op, goal in TARGETS:
             if r.case in cases and r.op == op:
                 out.append({"case": r.case, "op": op, "metric": "GB/s median", "value": r.gbps_median, "goal": goal})
@@ -925,7 +943,7 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
 
 
 def _higher_is_better(t: dict[str, Any]) -> bool:
-    return bool(t["metric"] == "GB/s median")
+    return t["metric"] in ("GB/s median", "x copy", "x peer")
 
 
 def _fmt(v: float | None, spec: str = ".2f") -> str:
@@ -935,7 +953,8 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
 SECTIONS = (
     ("copy", "bandwidth limit"),
     ("numpy", "the obvious NumPy forms (float presets: NumPy + ml_dtypes casts)"),
-    ("arrayquant", "arrayquant (eager)"),
+    ("arrayquant", "arrayquant (eager; fused kernels where they apply)"),
+    ("portable", "arrayquant on its portable Array API kernels (check = equal to the fused result)"),
     ("peer", "peers (each beside the arrayquant cases in PEER_MAP)"),
     ("jit", "arrayquant under jax.jit (XLA fusion; check = equal to arrayquant on NumPy)"),
 )
@@ -1050,6 +1069,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-calibration", action="store_true", help="skip the search calibration rows (mse, 4over6, percentile)"
     )
     parser.add_argument(
+        "--no-portable", action="store_true", help="skip the rows of the portable kernels beside the fused ones"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads (and pinned CPUs) of arrayquant's fused kernels; libraries and peers keep one thread",
+    )
+    parser.add_argument(
         "--no-pin", action="store_true", help="do not pin the process to one CPU (threads are still limited to one)"
     )
 
@@ -1059,12 +1087,16 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"--size must be a positive multiple of {BLOCK}, got {args.size}")
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     one_thread()
     say = lambda text: print(f"  [{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
     memory = False if args.no_memory else None
     if "jax" in sys.modules and not args.no_pin:
         say("jax was imported before the benchmark pinned its CPU: XLA's thread pool may use more cores")
-    with one_cpu(not args.no_pin) as cpu:
+    n = args.threads
+    pin = pinned(n) if not args.no_pin else contextlib.nullcontext(None)
+    with pin as cpus, fused.fused_kernels(threads=n):
         info, results, unavailable = run(
             args.size,
             args.repeat,
@@ -1073,10 +1105,16 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             peers=args.peers,
             memory=memory,
             calibrations=not args.no_calibration,
+            portable=not args.no_portable,
             log=say,
         )
-    pinned = f"process pinned to CPU {cpu}, " if cpu is not None else "process not pinned, "
-    info["threads"] = f"one core: {pinned}OMP/BLAS threads 1, torch.set_num_threads(1), XLA Eigen pool off"
+    where = f"process pinned to CPU {', '.join(map(str, cpus))}, " if cpus else "process not pinned, "
+    cores = "one core" if n == 1 else f"{n} cores"
+    info["threads"] = (
+        f"{cores}: {where}fused kernels {n} thread{'s' if n > 1 else ''}, "
+        "OMP/BLAS threads 1, torch.set_num_threads(1), XLA Eigen pool off"
+    )
+    info["fused_threads"] = n
     vers = versions()
     print("\n".join(f"{k}: {v}" for k, v in info.items()))
     print("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in vers.items()) + "\n")
@@ -1146,6 +1184,16 @@ def markdown(doc: dict[str, Any]) -> str:
             out.append(
                 f"| {r['case']} | {r['op']} | {r['gbps_median']:.2f} | {r['gbps_best']:.2f} | {r['vs_copy']:.3f} | "
                 f"{r['first_s']:.2f} | {', '.join(f'`{c}`' for c in near)} |"
+            )
+    portable = [r for r in rows if r["kind"] == "portable"]
+    if portable:
+        out += ["", "| portable kernels | op | median GB/s | x copy | fused x faster | check (= fused) |"]
+        out += ["|---|---|--:|--:|--:|---|"]
+        for r in portable:
+            fused_row = by.get((r["case"].removesuffix(" portable"), r["op"]))
+            gain = num(fused_row and fused_row["gbps_median"] / r["gbps_median"])
+            out.append(
+                f"| `{r['case']}` | {r['op']} | {r['gbps_median']:.2f} | {r['vs_copy']:.3f} | {gain} | {r['check']} |"
             )
     cal = [r for r in rows if r["kind"] == "calibration"]
     if cal:

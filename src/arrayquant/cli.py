@@ -183,6 +183,11 @@ def _backends(_: argparse.Namespace) -> int:
     for info in available():
         detail = ", ".join(info.devices) if info.usable else info.reason
         print(f"{info.name:<18} {info.installed!s:<10} {info.usable!s:<7} {detail}")
+    from .fused.registry import describe
+
+    print(f"\n{'fused kernels':<18} state")
+    for kernels, state in describe():
+        print(f"{kernels:<18} {state}")
     return 0
 
 

@@ -10,7 +10,7 @@ from .backends import dask_graph, shim
 from .blockwork import Steps, cast_saturating
 from .chunks import Sink, row_chunks
 from .errors import DTypeError, ParamsError
-from .invariants import check_params, check_shape, is_real_float, namespace_of, plan_for
+from .invariants import Plan, check_params, check_shape, is_real_float, namespace_of, plan_for
 from .kernels import effective_scale
 from .lazy import dequantize_lazy
 from .scheme import QParams
@@ -84,6 +84,11 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     if dask_graph.handles(qt.values):
         with shim.quiet(xp):
             return dequantize_lazy(qt, plan, scales, glob, tab, out_dtype)
+    if tab is None:
+        y = _fused(qt.values, scales, glob, plan, shape)
+        if y is not None:
+            with shim.quiet(xp):
+                return cast_saturating(y, out_dtype, xp=xp)
     rank = len(shape)
     dims = plan.block_dims(shape)
     axis = plan.packed_axis(rank)
@@ -98,3 +103,11 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
             y = steps.decode(qt.values[c.stored, ...], eff[c.grid, ...] if dims else eff, tab, n_packed, xp=xp)
             out.put(c.rows, cast_saturating(y, out_dtype, xp=xp))
         return out.result
+
+
+def _fused(values: Any, scales: Any, glob: Any, plan: Plan, shape: tuple[int, ...]) -> Any:
+    """The f32 data from a fused kernel (tests/test_fused_dequantize.py: the same bits), or None."""
+    from .fused import registry
+
+    kernel = registry.dequantize_kernel(values, plan, shape)
+    return None if kernel is None else kernel(values, scales, glob, plan, shape)

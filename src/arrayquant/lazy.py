@@ -15,9 +15,11 @@ from typing import Any
 
 import array_api_compat as compat
 
+from . import fused
 from .backends import dask_graph, shim
 from .blockwork import Steps, cast_saturating, max_of
 from .chunks import Chunk, Sink, row_chunks
+from .fused import registry
 from .invariants import Plan, check_scale_values
 from .invariants import check_finite as check_data_finite
 from .invariants.plan import check_calibration_spec
@@ -88,6 +90,23 @@ class _Chunked:
 
     def __init__(self, steps: Steps, check: bool, data: tuple[tuple[int, ...], ...]) -> None:
         self.steps, self.check, self.data = steps, check, data
+        # decided when the graph is built (inside or outside fused_kernels(...)), not in the worker
+        self.fused_ok = fused.available()
+
+    def _kernel(self, op: str, a: Any, shape: tuple[int, ...]) -> Any:
+        """A fused kernel for ``op`` on this chunk, or None (unverified-finite input stays portable)."""
+        if not self.fused_ok or self.steps.scrub:
+            return None
+        kernel = getattr(registry, f"{op}_kernel")(a, self.steps.plan, shape)
+        if kernel is None:
+            return None
+
+        def run(*args: Any) -> Any:
+            # one thread per task: dask runs the chunks in parallel already
+            with fused.fused_kernels(threads=1):
+                return kernel(*args)
+
+        return run
 
     def _slabs(self, xc: Any) -> list[Chunk]:
         plan, dims = self.steps.plan, self.steps.dims
@@ -207,6 +226,11 @@ class _Chunked:
 
     def fused_weighted(self, xc: Any, table: Any, imp: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
         """:meth:`fused` with the chunk's importance weights (``imp``: the whole vector, or None)."""
+        if imp is None and not self.steps.searches:
+            kernel = self._kernel("quantize", xc, tuple(xc.shape))
+            hit = None if kernel is None else kernel(xc, self.steps.plan, self.steps.rounding)
+            if hit is not None:  # else NaN/inf: the portable steps below report where
+                return hit[0], hit[1]
         xp = _ns(xc)
         plan = self.steps.plan
         slabs = self._slabs(xc)
@@ -237,6 +261,10 @@ class _Chunked:
 
     def values(self, xc: Any, stored: Any, glob: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
         """The chunk's stored values; checks finiteness itself when no calibration did."""
+        kernel = self._kernel("encode", xc, tuple(xc.shape))
+        hit = None if kernel is None else kernel(xc, self.steps.plan, stored, glob, self.steps.rounding)
+        if hit is not None:  # else NaN/inf: the check below reports where
+            return hit
         xp = _ns(xc)
         plan = self.steps.plan
         shape, dtype = values_layout(plan, tuple(xc.shape))
@@ -253,10 +281,15 @@ class _Chunked:
 
     def decode(self, v: Any, stored: Any, glob: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
         """The f32 data of a chunk of stored values (``self.data`` are the data's chunk sizes)."""
-        xp = _ns(v)
         plan, rank = self.steps.plan, len(self.steps.shape)
-        axis = plan.packed_axis(rank)
         shape = tuple(self.data[a][i] for a, i in enumerate(block_id))
+        if table is None:
+            kernel = self._kernel("dequantize", v, shape)
+            y = None if kernel is None else kernel(v, stored, glob, plan, shape)
+            if y is not None:
+                return y
+        xp = _ns(v)
+        axis = plan.packed_axis(rank)
         slabs = row_chunks(shape, self.steps.dims[0] if self.steps.dims else 1, axis, fields_per_word(plan), True)
         out = Sink(len(slabs), shape, xp.float32, xp, compat.device(v))
         with shim.quiet(xp):

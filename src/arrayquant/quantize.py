@@ -397,6 +397,28 @@ def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tu
     return None if hit is None else (hit[0], hit[1], None)
 
 
+def _fused_minmax(
+    x: Any, plan: Plan, given: Any, rounding: str, shape: tuple[int, ...], xp: Any
+) -> tuple[Any, Any, Any] | None:
+    """Values, stored scales and global from a fused kernel (MinMax, or given scales), or None.
+
+    The kernels take the portable path's f32 steps in the same order (tests/test_fused_quantize.py
+    compares them bit for bit); None where none applies or the data holds NaN/inf.
+    """
+    from .fused import registry
+
+    if given is None:
+        kernel = registry.quantize_kernel(x, plan, shape)
+        return None if kernel is None else kernel(x, plan, rounding)
+    encode = registry.encode_kernel(x, plan, shape)
+    if encode is None:
+        return None
+    scales_in, glob, _ = given
+    stored = store_scales(scales_in, plan, xp=xp)
+    values = encode(x, plan, stored, glob, rounding)
+    return None if values is None else (values, stored, glob)
+
+
 def _columns(imp: Any, c: Any, xc: Any) -> Any:
     """The importance weights of a row slab: all of them, unless the rows are the columns (1-D data)."""
     if imp is None or xc.ndim > 1:
@@ -431,6 +453,11 @@ def _quantize(
         if hit is not None:  # else (not covered, or NaN/inf to report) the portable path below runs
             codes, stored_f, glob_f = hit
             return QuantizedTensor(plan.scheme, shape, x.dtype, pack_codes(codes, plan, xp=xp), stored_f, glob_f, tab)
+
+    if cal is Calibration.MINMAX and not steps.scrub and tab is None:
+        hit = _fused_minmax(x, plan, given, rounding, shape, xp)
+        if hit is not None:  # else (not covered, or NaN/inf to report) the portable path below runs
+            return QuantizedTensor(plan.scheme, shape, x.dtype, *hit, tab)
 
     def verify(alpha: Any) -> None:
         # a non-finite range means non-finite data: find and report it before storing anything

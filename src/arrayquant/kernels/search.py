@@ -37,6 +37,7 @@ __all__ = [
     "count_below",
     "element_weights",
     "kth_smallest",
+    "nearest_rank",
     "percentile_alpha",
     "pow_norm",
     "row_errors",

@@ -1,0 +1,41 @@
+"""How many threads the fused CPU kernels use: one per core the process may run on, unless set.
+
+``ARRAYQUANT_THREADS=n`` or :func:`arrayquant.fused_kernels` (``threads=n``) choose another count.
+Results never depend on it: each row's work is sequential and fixed, only rows are shared out.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+
+__all__ = ["apply", "count", "default"]
+
+# set by arrayquant.fused_kernels(threads=...) for the current context (thread or task)
+CHOSEN: contextvars.ContextVar[int | None] = contextvars.ContextVar("arrayquant_threads", default=None)
+
+
+def default() -> int:
+    """One thread per core this process may use (its CPU affinity, where the OS has one)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return max(os.cpu_count() or 1, 1)
+
+
+def count() -> int:
+    """The thread count for the next launch: the context's choice, ``ARRAYQUANT_THREADS``, or :func:`default`."""
+    chosen = CHOSEN.get()
+    if chosen is not None:
+        return chosen
+    text = os.environ.get("ARRAYQUANT_THREADS", "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    return default()
+
+
+def apply() -> None:
+    """Set numba's thread count for the next parallel launch (capped at the size of its pool)."""
+    import numba
+
+    numba.set_num_threads(max(1, min(count(), numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]

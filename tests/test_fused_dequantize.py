@@ -351,6 +351,9 @@ def test_decode_minifloat_every_code(value: QuantValue) -> None:
 
 def test_result_is_independent_of_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
     qt = _random_tensor("q4s:block32:f16", (64, 96), 2)
+    from arrayquant.fused import threads
+
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)  # small data on every thread too
     monkeypatch.setenv("ARRAYQUANT_THREADS", "1")
     one = _fused(qt)
     monkeypatch.setenv("ARRAYQUANT_THREADS", "2")

@@ -338,6 +338,9 @@ def test_round_up_worked_values():
 def test_thread_count_does_not_change_result(monkeypatch):
     x = _mixed((4, 300), 13, "nvfp4")
     plan = plan_for(QuantScheme.parse("nvfp4"))
+    from arrayquant.fused import threads
+
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)  # small data on every thread too
     monkeypatch.setenv("ARRAYQUANT_THREADS", "1")
     one = nq.quantize(x, plan, "half_even")
     monkeypatch.setenv("ARRAYQUANT_THREADS", str(numba.config.NUMBA_NUM_THREADS))

@@ -147,8 +147,16 @@ def test_thread_count_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert threads.count() == len(os.sched_getaffinity(0))
 
 
+def test_small_launches_stay_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARRAYQUANT_THREADS", "2")
+    threads.apply(1000)
+    assert numba.get_num_threads() == 1
+    threads.apply(threads.MIN_ELEMENTS_PER_THREAD * 4)
+    assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+
+
 def test_results_do_not_depend_on_the_thread_count() -> None:
-    x = np.random.default_rng(1).standard_normal((301, 96)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((3001, 96)).astype(np.float32)  # enough for 2 threads
     with aq.fused_kernels(threads=1):
         one = aq.quantize(x, "nvfp4")
     with aq.fused_kernels(threads=2):

@@ -123,7 +123,7 @@ def _demo(args: argparse.Namespace) -> int:
         bits = 8 * qt.nbytes / host.size
         print(
             f"{text:<30} {bits:>10.3f} {report.sqnr:>8.2f} {report.max_abs_error:>10.2e} "
-            f"{gb / tq:>10.2f} {gb / td:>12.2f}"
+            f"{gb / tq:>10.3g} {gb / td:>12.3g}"  # significant digits: tiny demo sizes run far below 0.01
         )
     print("\nbits/value counts stored values, scales and the per-tensor scale (Burn byte layout).")
     if args.calibrations:

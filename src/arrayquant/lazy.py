@@ -226,7 +226,7 @@ class _Chunked:
 
     def fused_weighted(self, xc: Any, table: Any, imp: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
         """:meth:`fused` with the chunk's importance weights (``imp``: the whole vector, or None)."""
-        if imp is None and not self.steps.searches:
+        if self.steps.calibration is Calibration.MINMAX:  # the fused kernels calibrate by MinMax only
             kernel = self._kernel("quantize", xc, tuple(xc.shape))
             hit = None if kernel is None else kernel(xc, self.steps.plan, self.steps.rounding)
             if hit is not None:  # else NaN/inf: the portable steps below report where

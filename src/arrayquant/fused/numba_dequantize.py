@@ -5,8 +5,8 @@ so the result is identical bit for bit, not close:
 
 * a field is read from its byte (a PackedU32 word is four such bytes, little-endian), bits
   ``[k*bits, (k+1)*bits)``; integer fields are sign-extended, native int8 values taken as they are;
-* its f32 value comes from a table of every field: the integer as f32 (``astype`` is exact), or the
-  minifloat's ``decode_table`` entry (the field's own bits only, as ``minifloat.decode`` masks them);
+* its f32 value is the integer as f32 (``astype`` is exact), or the minifloat's ``decode_table``
+  entry computed from the field's own bits (as ``minifloat.decode`` masks them);
 * ``y = value * eff`` in f32, ``eff`` the stored scale, or ``min(g * stored, F32_MAX)`` two-level;
 * where the portable path clips to ``±F32_MAX`` (some code times the largest ``eff`` could pass it),
   the kernel clips too. The portable path decides this per row chunk; the decision only changes
@@ -66,20 +66,6 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> str:
     return ""
 
 
-def _field_table(plan: Plan, packed: bool) -> np.ndarray:
-    """The f32 value of every byte (native store) or every field (packed store)."""
-    value = plan.value
-    n = 1 << plan.bits if packed else 256
-    if value.is_float:
-        dec = np.asarray(decode_table(value), dtype=np.float32)
-        # the field's own bits index the table (a stray high nibble of a native E2M1 byte is ignored)
-        return np.ascontiguousarray(dec[np.arange(n) & (dec.size - 1)])
-    if packed:
-        half = 1 << (plan.bits - 1)
-        return ((np.arange(n) ^ half) - half).astype(np.float32)
-    return np.arange(256, dtype=np.uint8).view(np.int8).astype(np.float32)  # native int8, as stored
-
-
 def _top_code(plan: Plan) -> float:
     """The largest magnitude a code stands for (before the scale), as the portable overflow test."""
     if plan.value.is_float:
@@ -87,66 +73,123 @@ def _top_code(plan: Plan) -> float:
     return float(max(-plan.qmin, plan.qmax))
 
 
-# How a field becomes f32, chosen once per call: integer arithmetic (I) or table lookup (T), for
-# 8/4/2-bit fields. The kernel's call sites pass it as a constant, so that each inlined copy of
-# _row keeps only its own loop.
-_I8, _T8, _I4, _T4, _I2, _T2 = range(6)
+# How a field becomes f32, chosen once per call: the index of the parallel kernel in _KERNELS. Modes
+# up to _E2M1 read one field per byte (E2M1 native: the byte's low nibble), _I4 and _P2M1 two, _I2 four.
+_I8, _E4M3, _E5M2, _E2M1, _I4, _P2M1, _I2 = range(7)
 
 if numba is not None:
+    # Compile time: _row, _fields and _value take ``mode`` as a literal (numba.literally), so each is
+    # compiled per mode, on first use, with the other modes' branches pruned; the loops are inlined
+    # into _row, while _value stays a call that LLVM inlines. Inlining _value in Numba's IR too copies
+    # it into every loop (seven kernels in one function: an 11-minute cold compile; one: 28 s).
+    _njit = numba.njit(cache=True, nogil=True)
     _inline = numba.njit(cache=True, nogil=True, inline="always")
 
+    # The minifloat decoders give decode_table's f32 value from the code's bits, without a table
+    # lookup (1.5x faster: the loops vectorise). Exact: a normal value is its exponent and
+    # mantissa moved into f32's fields (the exponent rebiased), a subnormal is the mantissa field
+    # times its unit, NaN is the table's quiet NaN with the code's sign.
+
     @_inline
-    def _fields(src, dst, c0, c1, lg, bits, tab, s):
-        """Fields ``c0 .. c1 - 1`` one at a time, through the table: any start and end within a byte."""
+    def _f32_bits(u):
+        return np.int32(u).view(np.float32)
+
+    # (selects, not early returns: a branch in the loop body stops LLVM vectorising it)
+    @_inline
+    def _e4m3(c):
+        mag = np.int32(c) & np.int32(0x7F)
+        sign = (np.int32(c) & np.int32(0x80)) << np.int32(24)
+        normal = _f32_bits(((mag << np.int32(20)) + np.int32(120 << 23)) | sign)
+        sub = np.float32(mag) * np.float32(2.0**-9)
+        sub = -sub if sign != 0 else sub
+        nan = _f32_bits(np.int32(0x7FC00000) | sign)
+        return nan if mag == np.int32(0x7F) else (sub if mag < np.int32(8) else normal)
+
+    @_inline
+    def _e5m2(c):
+        mag = np.int32(c) & np.int32(0x7F)
+        sign = (np.int32(c) & np.int32(0x80)) << np.int32(24)
+        normal = _f32_bits(((mag << np.int32(21)) + np.int32(112 << 23)) | sign)
+        sub = np.float32(mag) * np.float32(2.0**-16)
+        sub = -sub if sign != 0 else sub
+        # infinity at 0x7C, NaN above
+        special = _f32_bits((np.int32(0x7F800000) if mag == np.int32(0x7C) else np.int32(0x7FC00000)) | sign)
+        return special if mag >= np.int32(0x7C) else (sub if mag < np.int32(4) else normal)
+
+    @_inline
+    def _e2m1(c):
+        mag = np.int32(c) & np.int32(7)
+        sign = (np.int32(c) & np.int32(8)) << np.int32(28)
+        normal = _f32_bits(((mag << np.int32(22)) + np.int32(126 << 23)) | sign)
+        sub = np.float32(mag) * np.float32(0.5)
+        sub = -sub if sign != 0 else sub
+        return sub if mag < np.int32(2) else normal
+
+    @_njit
+    def _value(f, mode):
+        """The f32 value of field ``f``: a sign-extended integer (``(f ^ h) - h``; exact in f32) or a minifloat."""
+        numba.literally(mode)
+        if mode == _I8:
+            return np.float32(np.int8(f))
+        if mode == _I4:
+            return np.float32(((np.int32(f) & 15) ^ 8) - 8)
+        if mode == _I2:
+            return np.float32(((np.int32(f) & 3) ^ 2) - 2)
+        if mode == _E4M3:
+            return _e4m3(f)
+        if mode == _E5M2:
+            return _e5m2(f)
+        return _e2m1(f)
+
+    @_njit
+    def _fields(src, dst, c0, c1, lg, bits, mode, s):
+        """Fields ``c0 .. c1 - 1`` one at a time: any start and end within a byte."""
+        numba.literally(mode)
         pm = (1 << lg) - 1
         mask = (1 << bits) - 1 if lg else 255
         for c in range(c0, c1):
             f = (np.int32(src[c >> lg]) >> ((c & pm) * bits)) & mask
-            dst[c] = tab[f] * s
+            dst[c] = _value(f, mode) * s
+
+    # Whole bytes ``j0 .. j1 - 1`` holding one, two or four fields each, a fixed body per byte. The
+    # loops run over slices from 0: with an offset index LLVM neither vectorises nor unrolls them (5x
+    # slower).
+    @_inline
+    def _bytes1(src, dst, j0, j1, mode, s):
+        a = src[j0:j1]
+        d = dst[j0:j1]
+        for i in range(a.shape[0]):
+            d[i] = _value(a[i], mode) * s
 
     @_inline
-    def _bytes(src, dst, j0, j1, mode, tab, s):
-        """Whole bytes ``j0 .. j1 - 1``, a fixed body per byte. The loops run over slices from 0: with an
-        offset index LLVM neither vectorises nor unrolls them (5x slower). Integer fields are
-        sign-extended with ``(f ^ h) - h`` and converted (exact: the same f32 as the table's)."""
+    def _bytes2(src, dst, j0, j1, mode, s):
         a = src[j0:j1]
-        n = a.shape[0]
-        if mode == _I8:
-            d = dst[j0:j1]
-            for i in range(n):
-                d[i] = np.float32(np.int8(a[i])) * s
-        elif mode == _T8:
-            d = dst[j0:j1]
-            for i in range(n):
-                d[i] = tab[a[i]] * s
-        elif mode == _I4:
-            d = dst[2 * j0 : 2 * j1]
-            for i in range(n):
-                w = np.int32(a[i])
-                d[2 * i] = np.float32(((w & 15) ^ 8) - 8) * s
-                d[2 * i + 1] = np.float32(((w >> 4) ^ 8) - 8) * s
-        elif mode == _T4:
-            d = dst[2 * j0 : 2 * j1]
-            for i in range(n):
-                w = np.int32(a[i])
-                d[2 * i] = tab[w & 15] * s
-                d[2 * i + 1] = tab[w >> 4] * s
-        elif mode == _I2:
-            d = dst[4 * j0 : 4 * j1]
-            for i in range(n):
-                w = np.int32(a[i])
-                d[4 * i] = np.float32(((w & 3) ^ 2) - 2) * s
-                d[4 * i + 1] = np.float32((((w >> 2) & 3) ^ 2) - 2) * s
-                d[4 * i + 2] = np.float32((((w >> 4) & 3) ^ 2) - 2) * s
-                d[4 * i + 3] = np.float32(((w >> 6) ^ 2) - 2) * s
+        d = dst[2 * j0 : 2 * j1]
+        for i in range(a.shape[0]):
+            w = np.int32(a[i])
+            d[2 * i] = _value(w & 15, mode) * s
+            d[2 * i + 1] = _value(w >> 4, mode) * s
+
+    @_inline
+    def _bytes4(src, dst, j0, j1, mode, s):
+        a = src[j0:j1]
+        d = dst[4 * j0 : 4 * j1]
+        for i in range(a.shape[0]):
+            w = np.int32(a[i])
+            d[4 * i] = _value(w, mode) * s
+            d[4 * i + 1] = _value(w >> 2, mode) * s
+            d[4 * i + 2] = _value(w >> 4, mode) * s
+            d[4 * i + 3] = _value(w >> 6, mode) * s
+
+    @_inline
+    def _bytes(src, dst, j0, j1, mode, s):
+        """Whole bytes ``j0 .. j1 - 1`` (``mode`` a constant: one branch is left)."""
+        if mode <= _E2M1:
+            _bytes1(src, dst, j0, j1, mode, s)
+        elif mode <= _P2M1:
+            _bytes2(src, dst, j0, j1, mode, s)
         else:
-            d = dst[4 * j0 : 4 * j1]
-            for i in range(n):
-                w = np.int32(a[i])
-                d[4 * i] = tab[w & 3] * s
-                d[4 * i + 1] = tab[(w >> 2) & 3] * s
-                d[4 * i + 2] = tab[(w >> 4) & 3] * s
-                d[4 * i + 3] = tab[w >> 6] * s
+            _bytes4(src, dst, j0, j1, mode, s)
 
     @_inline
     def _eff(stored, g0, two_level):
@@ -157,69 +200,98 @@ if numba is not None:
         s = g0 * stored
         return top if s > top else s  # np.minimum: a NaN product would stay NaN
 
-    @_inline
-    def _row(src, dst, srow, g0, two_level, b, cols, bits, tab, mode):
-        """One row: per block its effective scale, then its fields."""
-        lg = 0 if mode <= _T8 else (1 if mode <= _T4 else 2)
+    @_njit
+    def _row(src, dst, srow, g0, two_level, b, cols, bits, clamp, mode):
+        """One row: per block its effective scale, then its fields; clipped to ``±F32_MAX`` if ``clamp``."""
+        numba.literally(mode)
+        lg = 0 if mode <= _E2M1 else (1 if mode <= _P2M1 else 2)
         pm = (1 << lg) - 1
         nb = srow.shape[0]
         full = cols // b
         if b & pm == 0:
-            # every block starts on a byte: whole blocks with no tail check (the common case, and
-            # the fast one for blocks of 16 or 32), then a last partial block
+            # every block starts on a byte: whole blocks with no tail check, then a last partial block
             hb = b >> lg
             for g in range(full):
-                _bytes(src, dst, g * hb, g * hb + hb, mode, tab, _eff(srow[g], g0, two_level))
+                _bytes(src, dst, g * hb, g * hb + hb, mode, _eff(srow[g], g0, two_level))
             if full < nb:
                 s = _eff(srow[full], g0, two_level)
                 j1 = cols >> lg
-                _bytes(src, dst, full * hb, j1, mode, tab, s)
-                _fields(src, dst, j1 << lg, cols, lg, bits, tab, s)
+                _bytes(src, dst, full * hb, j1, mode, s)
+                _fields(src, dst, j1 << lg, cols, lg, bits, mode, s)
         else:
             for g in range(nb):  # blocks that may start inside a byte (block7 of 4-bit fields)
-                _fields(src, dst, g * b, min(g * b + b, cols), lg, bits, tab, _eff(srow[g], g0, two_level))
+                _fields(src, dst, g * b, min(g * b + b, cols), lg, bits, mode, _eff(srow[g], g0, two_level))
+        if clamp:
+            # the same elements as clipping each product: a separate pass keeps the loops above simple
+            top = np.float32(_F32_MAX)
+            low = -top
+            for c in range(cols):
+                y = dst[c]
+                if y > top:
+                    dst[c] = top
+                elif y < low:
+                    dst[c] = low
 
-    @numba.njit(cache=True, nogil=True, parallel=True)
-    def _dequantize_rows(raw, mode, bits, tab, scales, srow, glob, two_level, b, cols, clamp, out):
-        """``out[r, c] = value(field(r, c)) * eff(r, c // b)``, clipped to ``±F32_MAX`` if ``clamp``.
+    # One parallel kernel per decoder, compiled only when first used (seconds each). Each computes
+    # ``out[r, c] = value(field(r, c)) * eff(r, c // b)``; ``raw`` holds each row's bytes, field ``c``
+    # in byte ``c >> lg`` at bit ``(c & (2^lg - 1)) * bits``; ``scales[r * srow]`` are the stored
+    # scales of row ``r``'s blocks (``srow`` 0: the same for every row).
+    _kernel = numba.njit(cache=True, nogil=True, parallel=True)
 
-        ``raw`` holds each row's bytes; field ``c`` sits in byte ``c >> lg`` at bit ``(c & (2^lg - 1)) * bits``.
-        ``scales[r * srow]`` are the stored scales of row ``r``'s blocks (``srow`` 0: the same for every row).
-        """
-        rows = raw.shape[0]
-        top = np.float32(_F32_MAX)
-        low = -top
-        g0 = glob[0]
-        for r in numba.prange(rows):
-            src = raw[r]
-            dst = out[r]
-            sr = scales[r * srow]
-            # each call site inlines _row with a constant mode: six specialised loops, no per-element branch
-            if mode == _I8:
-                _row(src, dst, sr, g0, two_level, b, cols, bits, tab, _I8)
-            elif mode == _T8:
-                _row(src, dst, sr, g0, two_level, b, cols, bits, tab, _T8)
-            elif mode == _I4:
-                _row(src, dst, sr, g0, two_level, b, cols, bits, tab, _I4)
-            elif mode == _T4:
-                _row(src, dst, sr, g0, two_level, b, cols, bits, tab, _T4)
-            elif mode == _I2:
-                _row(src, dst, sr, g0, two_level, b, cols, bits, tab, _I2)
-            else:
-                _row(src, dst, sr, g0, two_level, b, cols, bits, tab, _T2)
-            if clamp:
-                # the same elements as clipping each product: a separate pass keeps the loops above simple
-                for c in range(cols):
-                    y = dst[c]
-                    if y > top:
-                        dst[c] = top
-                    elif y < low:
-                        dst[c] = low
+    @_kernel
+    def _rows_i8(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _I8)
 
-    @numba.njit(cache=True, nogil=True)
-    def _lookup(codes, tab, mask, out):
+    @_kernel
+    def _rows_e4m3(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _E4M3)
+
+    @_kernel
+    def _rows_e5m2(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _E5M2)
+
+    @_kernel
+    def _rows_e2m1(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _E2M1)
+
+    @_kernel
+    def _rows_i4(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _I4)
+
+    @_kernel
+    def _rows_p2m1(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _P2M1)
+
+    @_kernel
+    def _rows_i2(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+        for r in numba.prange(raw.shape[0]):
+            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _I2)
+
+    _KERNELS = (_rows_i8, _rows_e4m3, _rows_e5m2, _rows_e2m1, _rows_i4, _rows_p2m1, _rows_i2)
+
+    @_njit
+    def _decode(codes, mode, out):
         for i in range(codes.shape[0]):
-            out[i] = tab[np.int32(codes[i]) & mask]
+            out[i] = _value(codes[i], mode)
+
+
+def _mode(value: QuantValue, packed: bool) -> int:
+    """The kernel's decoder for ``value``; ``packed``: fields narrower than a byte share bytes."""
+    if value is QuantValue.E4M3:
+        return _E4M3
+    if value is QuantValue.E5M2:
+        return _E5M2
+    if value is QuantValue.E2M1:
+        return _P2M1 if packed else _E2M1
+    if not packed:
+        return _I8  # native int8 values and 8-bit fields: each byte taken as an int8
+    return _I4 if value.bits == 4 else _I2
 
 
 def _as_bytes(values: np.ndarray, plan: Plan, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -293,12 +365,7 @@ def dequantize(
         else np.ones(1, np.float32)
     )
     packed = plan.packed_axis(len(shape)) is not None and plan.bits < 8
-    if plan.value.is_float:
-        mode = {8: _T8, 4: _T4 if packed else _T8}[plan.bits]
-    elif not packed:
-        mode = _I8  # native int8 values: each taken as it is stored
-    else:
-        mode = {8: _I8, 4: _I4, 2: _I2}[plan.bits]
+    mode = _mode(plan.value, packed)
     # the portable overflow test, on the largest effective scale (the same f32 steps as effective_scale)
     emax = np.float32(s2.max()) if s2.size else np.float32(0)
     if glob is not None:
@@ -310,12 +377,11 @@ def dequantize(
         # scales cannot overflow and saturates in one whose can; leave that to it
         return None
     out = np.empty((rows, cols), dtype=np.float32)
-    tab = _field_table(plan, packed)
     from .threads import apply
 
     with _LAUNCH:
-        apply()
-        _dequantize_rows(raw, mode, plan.bits, tab, s2, srow, g, plan.two_level, b, cols, clamp, out)
+        apply(out.size)
+        _KERNELS[mode](raw, s2, srow, g, plan.two_level, b, cols, plan.bits, clamp, out)
     return out.reshape(shape)
 
 
@@ -334,11 +400,10 @@ def decode_minifloat(codes: np.ndarray, value: QuantValue) -> np.ndarray:
     numpy.ndarray
         float32 of ``codes``' shape.
     """
-    tab = np.asarray(decode_table(value), dtype=np.float32)
     flat = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1)
-    out = np.empty(flat.shape, dtype=np.float32)
     if numba is None:  # pragma: no cover - exercised only without numba
-        out[...] = tab[flat & (tab.size - 1)]
-    else:
-        _lookup(flat, tab, tab.size - 1, out)
+        tab = np.asarray(decode_table(value), dtype=np.float32)
+        return tab[flat & (tab.size - 1)].reshape(np.shape(codes))
+    out = np.empty(flat.shape, dtype=np.float32)
+    _decode(flat, _mode(value, False), out)
     return out.reshape(np.shape(codes))

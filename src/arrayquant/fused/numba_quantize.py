@@ -421,7 +421,7 @@ def _run(
     from .threads import apply
 
     with _LAUNCH:
-        apply()
+        apply(x2.size)
         _quantize_rows(
             x2,
             x2.view(np.uint32),
@@ -455,7 +455,7 @@ def _absmax(x: np.ndarray) -> np.float32 | None:
     from .threads import apply
 
     with _LAUNCH:
-        apply()
+        apply(x2.size)
         _row_max(x2.view(np.uint32), rowmax)
     top = rowmax.max()
     if top >= _FINITE_LIMIT:
@@ -571,7 +571,7 @@ def encode_minifloat(y: np.ndarray, value: QuantValue) -> np.ndarray:
     from .threads import apply
 
     with _LAUNCH:
-        apply()
+        apply(flat.size)
         _encode_flat(
             flat,
             flat.view(np.uint32),
@@ -606,6 +606,6 @@ def round_up(s: np.ndarray, dtype: ScaleDtype) -> np.ndarray:
     from .threads import apply
 
     with _LAUNCH:
-        apply()
+        apply(flat.size)
         _round_up_flat(flat, _grid(dtype), out)
     return out.reshape(np.shape(s))

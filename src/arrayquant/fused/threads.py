@@ -34,8 +34,19 @@ def count() -> int:
     return default()
 
 
-def apply() -> None:
-    """Set numba's thread count for the next parallel launch (capped at the size of its pool)."""
+# below this many elements per thread, waking another thread costs more than it saves
+MIN_ELEMENTS_PER_THREAD = 1 << 16
+
+
+def apply(elements: int | None = None) -> None:
+    """Set numba's thread count for the next parallel launch over ``elements`` values.
+
+    At most :func:`count`, at most the size of numba's pool, and one thread per
+    ``MIN_ELEMENTS_PER_THREAD`` values, so a small tensor runs on the calling thread alone.
+    """
     import numba
 
-    numba.set_num_threads(max(1, min(count(), numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
+    n = min(count(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    if elements is not None:
+        n = min(n, elements // MIN_ELEMENTS_PER_THREAD + 1)
+    numba.set_num_threads(max(1, n))

@@ -20,7 +20,7 @@ CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or Non
 
 def _as_f32(value: Any, name: str, xp: Any, device: Any) -> Any:
     if compat.is_array_api_obj(value) and value.dtype == xp.float32:
-        return xp.astype(value, xp.float32)  # the common case: nothing to widen or range-check
+        return xp.astype(value, xp.float32, copy=False)  # the common case: nothing to widen or range-check
     with warnings.catch_warnings():
         # a float64 beyond the f32 range becomes inf in the cast: reported below as a typed error
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -58,6 +58,11 @@ def check_scale_values(arr: Any, name: str, xp: Any) -> None:
     if not can_read(arr):
         return
     flat = xp.reshape(arr, (-1,))
+    if flat.shape[0] == 0:
+        return
+    # two reductions, no grid-sized temporaries (min and max propagate NaN); the masks only on failure
+    if bool(xp.min(flat) >= 0) and bool(xp.max(flat) < math.inf):
+        return
     bad = xp.logical_or(xp.logical_not(xp.isfinite(flat)), flat < 0)
     if bool(xp.any(bad)):
         i = int(xp.argmax(xp.astype(bad, xp.uint8)))

@@ -27,7 +27,10 @@ for op in ("quantize", "dequantize"):
     t = []
     for _ in range(2):
         start = time.perf_counter()
-        qt = aq.quantize(x, sys.argv[1]) if op == "quantize" else aq.dequantize(qt)
+        if op == "quantize":
+            qt = aq.quantize(x, sys.argv[1])
+        else:
+            aq.dequantize(qt)
         t.append(time.perf_counter() - start)
     out[op] = t
 print(json.dumps(out))

@@ -317,9 +317,9 @@ def test_supports_reasons() -> None:
     assert why("nvfp4", (3, 5, 16)) == ""
     assert why("q8s:native", (7,)) == ""
     assert why("q4f:lookup", (4, 64)) == "lookup tables are not fused"
-    assert why("q4s:block4x32:f16", (8, 64)) == "only 1-d blocks along the last axis are fused"
-    assert why("q4s:packed_u32:1", (8, 64)) == "only packing along the last axis is fused"
-    assert why("q4s:packed_u32:1", (8, 1, 64)) == "only packing along the last axis is fused"
+    assert why("q4s:block4x32:f16", (8, 64)) == "blocks spanning more than the last axis are not fused"
+    assert why("q4s:packed_u32:1", (8, 64)) == "packing along an axis other than the last is not fused"
+    assert why("q4s:packed_u32:1", (8, 1, 64)) == "packing along an axis other than the last is not fused"
     assert why("q8s", ()) == "0-d data is not fused"
     # a block of several rows is a 1-d block once clamped to a single-row tensor
     assert why("q4s:block4x32:f16", (1, 64)) == ""

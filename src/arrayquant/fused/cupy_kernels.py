@@ -38,8 +38,9 @@ import numpy as np
 from ..invariants import Plan
 from ..kernels.minifloat import _E2M1_STEPS, FORMATS, decode_table
 from ..kernels.roundup import _pow2_tables
-from ..scheme import F32_MAX, F32_TINY, QuantMode, QuantValue, ScaleDtype
+from ..scheme import F32_MAX, F32_TINY, QuantValue, ScaleDtype
 from ..storage import values_layout
+from .coverage import layout_reason
 
 __all__ = ["OPTIONS", "VERIFIED", "dequantize", "kernel_sources", "quantize", "supports"]
 
@@ -338,21 +339,11 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> str:
         axis; else a short reason.
     """
     scheme = plan.scheme
-    if not shape:
-        return "0-d data is not fused"
-    if scheme.mode is not QuantMode.SYMMETRIC:
-        return "lookup tables are not fused"
     if plan.value.is_float and plan.value not in _FLOATS:  # pragma: no cover - every float value is listed
         return f"{plan.value.name} values are not fused"
     if scheme.scale_rule not in ("round_up", "ocp"):
         return f"scale rule {scheme.scale_rule!r} is not fused"
-    dims = plan.block_dims(shape)
-    if dims and any(d != 1 for d in dims[:-1]):
-        return "blocks spanning more than the last axis are not fused on the GPU"
-    axis = plan.packed_axis(len(shape))
-    if axis is not None and axis != len(shape) - 1:
-        return "packing along an axis other than the last is not fused on the GPU"
-    return ""
+    return layout_reason(plan, shape)
 
 
 def _layout(plan: Plan, shape: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:

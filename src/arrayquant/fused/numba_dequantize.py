@@ -25,8 +25,9 @@ import numpy as np
 
 from ..invariants import Plan
 from ..kernels.minifloat import FORMATS, decode_table
-from ..scheme import QuantMode, QuantValue
+from ..scheme import QuantValue
 from ..storage import values_layout
+from .coverage import layout_reason
 from .numba_search import _LAUNCH, numba
 
 __all__ = ["decode_minifloat", "dequantize", "supports"]
@@ -51,19 +52,9 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> str:
     """
     if numba is None:
         return "numba is not installed"
-    if plan.scheme.mode is not QuantMode.SYMMETRIC:
-        return "lookup tables are not fused"
-    if not shape:
-        return "0-d data is not fused"
     if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
         return "big-endian machines are not fused"
-    dims = plan.block_dims(shape)
-    if dims and any(d != 1 for d in dims[:-1]):
-        return "only 1-d blocks along the last axis are fused"
-    axis = plan.packed_axis(len(shape))
-    if axis is not None and axis != len(shape) - 1:
-        return "only packing along the last axis is fused"
-    return ""
+    return layout_reason(plan, shape)
 
 
 def _top_code(plan: Plan) -> float:

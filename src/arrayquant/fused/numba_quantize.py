@@ -36,8 +36,9 @@ import numpy as np
 
 from ..invariants import Plan
 from ..kernels.minifloat import FORMATS
-from ..scheme import F32_MAX, F32_TINY, QuantMode, QuantValue, ScaleDtype
+from ..scheme import F32_MAX, F32_TINY, QuantValue, ScaleDtype
 from ..storage import values_layout
+from .coverage import layout_reason
 from .numba_search import _LAUNCH, numba
 
 __all__ = ["encode", "encode_minifloat", "quantize", "round_up", "supports"]
@@ -351,26 +352,11 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> str:
     if sys.byteorder != "little":  # pragma: no cover - the packed words are written as little-endian bytes
         return "the fused kernels write little-endian words; this host is big-endian"
     scheme = plan.scheme
-    if scheme.mode is not QuantMode.SYMMETRIC:
-        return "lookup tables are not fused"
     if plan.value not in _INTS and plan.value not in _FLOATS:  # pragma: no cover - every value is one of these
         return f"{plan.value.name} values are not fused"
     if scheme.scale_rule not in ("round_up", "ocp"):  # pragma: no cover - the only rules
         return f"scale rule {scheme.scale_rule!r} is not fused"
-    if not shape:
-        return "0-d data is not fused"
-    dims = plan.block_dims(shape)
-    if plan.two_level and not dims:  # pragma: no cover - a two-level scheme has blocks
-        return "a two-level scheme without blocks is not fused"
-    if any(d != 1 for d in dims[:-1]):
-        return "blocks spanning more than the last axis are not fused"
-    try:
-        axis = plan.packed_axis(len(shape))
-    except Exception:  # the driver reports the missing axis
-        return "the packed axis does not exist for this rank"
-    if axis is not None and axis != len(shape) - 1:
-        return "packing along an axis other than the last is not fused"
-    return ""
+    return layout_reason(plan, shape)
 
 
 def _grid(dtype: ScaleDtype) -> tuple[np.float32, np.float32, int, int, int, bool]:

@@ -1,0 +1,31 @@
+"""What every fused kernel covers, whatever the library: one rule, so the kernels agree on it.
+
+Symmetric values (not lookup tables), data of at least one axis, blocks along the last axis only
+(or one scale per tensor), and packing, if any, along the last axis. Each kernel module adds what
+is its own (its library installed, the host's byte order, the value kinds it knows).
+"""
+
+from __future__ import annotations
+
+from ..invariants import Plan
+from ..scheme import QuantMode
+
+__all__ = ["layout_reason"]
+
+
+def layout_reason(plan: Plan, shape: tuple[int, ...]) -> str:
+    """Why the fused kernels do not cover data of ``shape`` under ``plan``, or ``""`` when they do."""
+    if not shape:
+        return "0-d data is not fused"
+    if plan.scheme.mode is not QuantMode.SYMMETRIC:
+        return "lookup tables are not fused"
+    dims = plan.block_dims(shape)
+    if any(d != 1 for d in dims[:-1]):
+        return "blocks spanning more than the last axis are not fused"
+    try:
+        axis = plan.packed_axis(len(shape))
+    except Exception:  # the driver reports the missing axis with its own message
+        return "the packed axis does not exist for this rank"
+    if axis is not None and axis != len(shape) - 1:
+        return "packing along an axis other than the last is not fused"
+    return ""

@@ -214,7 +214,7 @@ def test_registry_without_numba(monkeypatch):
     fused._numba_problem.cache_clear()
     try:
         assert not fused.available()
-        assert fused.why_not() == "numba is not installed (pip install numba)"
+        assert fused.why_not() == "numba is not installed (pip install 'arrayquant[fast]')"
     finally:
         fused._numba_problem.cache_clear()
 

@@ -42,7 +42,7 @@ from ..scheme import F32_MAX, F32_TINY, QuantValue, ScaleDtype
 from ..storage import values_layout
 from .coverage import layout_reason
 
-__all__ = ["OPTIONS", "VERIFIED", "dequantize", "kernel_sources", "quantize", "supports"]
+__all__ = ["OPTIONS", "VERIFIED", "dequantize", "kernel_names", "kernel_sources", "quantize", "supports"]
 
 VERIFIED = False  # set True only after ci/gpu-check.sh has passed with ARRAYQUANT_FUSED_GPU=1 on a GPU
 

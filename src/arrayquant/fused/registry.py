@@ -20,6 +20,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import array_api_compat as compat
 import numpy as np
 
 from ..invariants import Plan
@@ -32,10 +33,6 @@ _CPU_MODULES = {"quantize": "numba_quantize", "encode": "numba_quantize", "dequa
 
 def _module(name: str) -> Any:
     return importlib.import_module(f"{__package__}.{name}")
-
-
-def _is_cupy(a: Any) -> bool:
-    return type(a).__module__.split(".")[0] == "cupy"
 
 
 def _cpu(op: str, plan: Plan, shape: tuple[int, ...]) -> Any:
@@ -57,7 +54,7 @@ def quantize_kernel(x: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[...,
     """``fn(x, plan, rounding) -> (values, stored, global) | None`` for MinMax quantization of ``x``, or None."""
     if isinstance(x, np.ndarray):
         mod = _cpu("quantize", plan, shape) if x.dtype == np.float32 else None
-    elif _is_cupy(x):
+    elif compat.is_cupy_array(x):
         mod = _gpu(plan, shape)
     else:
         mod = None
@@ -76,7 +73,7 @@ def dequantize_kernel(values: Any, plan: Plan, shape: tuple[int, ...]) -> Callab
     """``fn(values, scales, global, plan, shape) -> f32 data | None``, or None."""
     if isinstance(values, np.ndarray):
         mod = _cpu("dequantize", plan, shape)
-    elif _is_cupy(values):
+    elif compat.is_cupy_array(values):
         mod = _gpu(plan, shape)
     else:
         mod = None

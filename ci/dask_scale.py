@@ -1,10 +1,12 @@
 """Dask at scale: cluster throughput beside single-process NumPy, and an out-of-core quantization.
 
-``python ci/dask_scale.py throughput`` quantizes the same float32 matrix (default 8192 x 8192) with
-single-process NumPy (one core), with dask's threaded scheduler, and on a ``dask.distributed``
-LocalCluster (two single-threaded worker processes on loopback, data already on the workers, results
-kept there as a pipeline would), and prints GB/s of f32 input (median of ``--repeat`` runs) and
-each dask figure as a ratio to NumPy. Every result is compared bit for bit with NumPy's.
+``python ci/dask_scale.py throughput`` quantizes the same float32 matrix (8192 x 8192 and 16384 x
+16384 by default, 8 chunks of whole rows) with single-process NumPy (one core), with dask's threaded
+scheduler, and on a ``dask.distributed`` LocalCluster (two single-threaded worker processes on
+loopback, data already on the workers, results kept there as a pipeline would), and prints GB/s of
+f32 input (median of ``--repeat`` runs) and each dask figure as a ratio to NumPy. Every result is
+compared bit for bit with NumPy's. It also times a graph of one trivial task per chunk on the
+cluster: the fixed cost of a round trip through the scheduler, which no chunk kernel can remove.
 
 ``python ci/dask_scale.py out-of-core --gib 40`` quantizes a lazily generated float32 array of that
 size (normal values, generated chunk by chunk, never whole in memory) straight into a safetensors
@@ -62,7 +64,10 @@ TUNED_WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": 16 << 20, "MALLOC_MMAP_THRESHOLD_"
 
 
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
-    n = args.size
+    return {"runs": [throughput_at(n, args) for n in args.size]}
+
+
+def throughput_at(n: int, args: argparse.Namespace) -> dict[str, Any]:
     rows = max(1, n // 8)  # 8 chunks of whole rows
     x = da.random.default_rng(0).standard_normal((n, n), dtype=np.float32, chunks=(rows, n))
     host = x.compute()
@@ -84,8 +89,15 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
         assert np.array_equal(scales, eager.scales), text
         results["schemes"][text] = {"numpy_gbps": gb / t_np, "threads_gbps": gb / median_seconds(threaded, args.repeat)}
     for label, env in (("default", {}), ("tuned", TUNED_WORKER_ENV)):
-        for text, seconds in on_cluster(x, args, env, {t: aq.quantize(host, t) for t in args.schemes}).items():
+        timed = on_cluster(x, args, env, {t: aq.quantize(host, t) for t in args.schemes})
+        results[f"cluster_{label}_trivial_graph_ms"] = timed.pop("") * 1e3
+        for text, seconds in timed.items():
             results["schemes"][text][f"cluster_{label}_gbps"] = gb / seconds
+    print(
+        f"{n} x {n} float32 ({gb:.2f} GB, chunks of {rows} rows): one trivial task per chunk on the cluster "
+        f"takes {results['cluster_default_trivial_graph_ms']:.0f} ms (dask's env), "
+        f"{results['cluster_tuned_trivial_graph_ms']:.0f} ms (tuned)"
+    )
     for text, row in results["schemes"].items():
         np_rate = row["numpy_gbps"]
         print(
@@ -100,7 +112,10 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def on_cluster(x: Any, args: argparse.Namespace, env: dict[str, int], eager: dict[str, Any]) -> dict[str, float]:
-    """Median seconds per scheme to quantize ``x`` (already on two local workers), results left there."""
+    """Median seconds per scheme to quantize ``x`` (already on two local workers), results left there.
+
+    Under the key ``""``: the median seconds of a graph of one trivial task per chunk.
+    """
     from distributed import Client, LocalCluster, wait
 
     config = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in env.items()}
@@ -115,6 +130,15 @@ def on_cluster(x: Any, args: argparse.Namespace, env: dict[str, int], eager: dic
     ):
         on_workers = client.persist(x)
         wait(on_workers)
+        times = []
+        for i in range(args.repeat + 1):
+            fresh = on_workers.map_blocks(lambda b: b, name=f"input-trivial-{i}")
+            start = time.perf_counter()
+            done = client.persist(fresh.map_blocks(lambda b: b[:, :1].copy(), chunks=(fresh.chunks[0], (1,))))
+            wait(done)
+            times.append(time.perf_counter() - start)
+            del done
+        out[""] = statistics.median(times[1:])
         for text in args.schemes:
             times = []
             for i in range(args.repeat + 1):  # the first run warms the workers up
@@ -218,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("throughput", help="NumPy vs threaded dask vs a two-worker LocalCluster")
-    t.add_argument("--size", type=int, default=8192)
+    t.add_argument("--size", type=int, nargs="+", default=[8192, 16384], help="matrix sides (n x n)")
     t.add_argument("--repeat", type=int, default=3)
     t.add_argument("--schemes", nargs="+", default=["q8s:block32:f16", "q4s:block32:f16", "nvfp4"])
     o = sub.add_parser("out-of-core", help="quantize a lazily generated array larger than memory to disk")

@@ -25,7 +25,13 @@ from arrayquant.fused import numba_dequantize, numba_quantize  # noqa: E402
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Records which fused kernels run (the real kernels still do the work)."""
     seen: list[str] = []
-    for mod, name in ((numba_quantize, "quantize"), (numba_quantize, "encode"), (numba_dequantize, "dequantize")):
+    for mod, name in (
+        (numba_quantize, "quantize"),
+        (numba_quantize, "encode"),
+        (numba_quantize, "absmax"),
+        (numba_quantize, "quantize_under"),
+        (numba_dequantize, "dequantize"),
+    ):
         real = getattr(mod, name)
 
         def spy(*args, _real=real, _name=name, **kwargs):  # type: ignore[no-untyped-def]
@@ -115,6 +121,81 @@ def test_a_dask_graph_keeps_the_choice_made_when_it_was_built(calls: list[str]) 
     np.testing.assert_array_equal(values, portable)
     with aq.fused_kernels(False):
         np.testing.assert_array_equal(y, aq.dequantize(aq.quantize(x, "q8s:block32:f16")))
+
+
+def test_two_level_on_dask_takes_two_fused_passes(calls: list[str]) -> None:
+    da = pytest.importorskip("dask.array")
+    import dask
+
+    x = _x() * np.float32(1e3)
+    with aq.fused_kernels(False):
+        portable = aq.quantize(x, "nvfp4")
+    assert calls == []
+    lazy = aq.quantize(da.from_array(x, chunks=(4, 32)), "nvfp4")
+    with dask.config.set(scheduler="sync"):
+        values, scales, glob = dask.compute(lazy.values, lazy.scales, lazy.global_scale)
+    # max|x| of each chunk, then each chunk quantized beneath the global taken over all of them
+    assert sorted(calls) == ["absmax"] * 4 + ["quantize_under"] * 4
+    np.testing.assert_array_equal(values, portable.values)
+    np.testing.assert_array_equal(scales, portable.scales)
+    np.testing.assert_array_equal(glob, portable.global_scale)
+    calls.clear()
+    lazy = aq.quantize(da.from_array(x, chunks=(4, 32)), "q8s")  # per tensor: the maxima are fused too
+    with dask.config.set(scheduler="sync"):
+        values = lazy.values.compute()
+    assert sorted(calls) == ["absmax"] * 4 + ["encode"] * 4
+    with aq.fused_kernels(False):
+        np.testing.assert_array_equal(values, aq.quantize(x, "q8s").values)
+
+
+def test_nan_in_a_dask_chunk_of_a_two_level_scheme_is_reported(calls: list[str]) -> None:
+    da = pytest.importorskip("dask.array")
+    import dask
+
+    x = _x()
+    x[6, 40] = np.inf
+    lazy = aq.quantize(da.from_array(x, chunks=(4, 32)), "nvfp4")
+    with (
+        dask.config.set(scheduler="sync"),
+        pytest.raises(aq.NonFiniteInputError, match=r"chunk starting at \(4, 32\).*\(6, 40\): inf"),
+    ):
+        lazy.values.compute()
+    assert "absmax" in calls  # asked, declined on that chunk, then the portable check reported it
+
+
+def test_one_thread_launches_run_serially_without_the_lock() -> None:
+    from arrayquant.fused.numba_search import _LAUNCH, launch
+
+    seen: list[tuple[str, bool]] = []
+    kernels = (lambda: seen.append(("parallel", _LAUNCH.locked())), lambda: seen.append(("serial", _LAUNCH.locked())))
+    with aq.fused_kernels(threads=1):
+        launch(kernels, 1 << 30)
+    with aq.fused_kernels(threads=2):
+        launch(kernels, 10)  # too small to share
+        launch(kernels, 1 << 30)
+    pool = numba.config.NUMBA_NUM_THREADS
+    assert seen == [("serial", False), ("serial", False), ("parallel", True) if pool > 1 else ("serial", False)]
+
+
+def test_threads_of_a_pool_quantize_side_by_side() -> None:
+    # one-thread launches take no lock: dask's threaded scheduler runs chunks at once
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs = [np.random.default_rng(seed).standard_normal((256, 512)).astype(np.float32) for seed in range(8)]
+
+    def work(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with aq.fused_kernels(threads=1):
+            qt = aq.quantize(x, "q4s:block32:f16")
+            return qt.values, qt.scales, aq.dequantize(qt)
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(work, xs))
+    with aq.fused_kernels(False):
+        for x, (values, scales, y) in zip(xs, got, strict=True):
+            want = aq.quantize(x, "q4s:block32:f16")
+            np.testing.assert_array_equal(values, want.values)
+            np.testing.assert_array_equal(scales, want.scales)
+            np.testing.assert_array_equal(y, aq.dequantize(want))
 
 
 @pytest.mark.parametrize(

@@ -135,8 +135,26 @@ class _Chunked:
         check_data_finite(xc, _ns(xc), origin=_origin(self.data, block_id))
         return xc
 
+    def _chunk_kernels(self, xc: Any, shape: tuple[int, ...] | None = None) -> Any:
+        """The fused (absmax, quantize_under) pair for this chunk (of ``shape``), or None.
+
+        See ``registry.chunk_kernels``; ``xc`` may be a dask array's empty meta, with the whole shape.
+        """
+        if not self.fused_ok or self.steps.scrub:
+            return None
+        return registry.chunk_kernels(xc, self.steps.plan, tuple(xc.shape) if shape is None else shape)
+
+    def _fused_top(self, xc: Any) -> Any:
+        """The chunk's ``max|x|`` shaped ``(1,) * rank`` by a fused kernel, or None (not covered, NaN/inf)."""
+        kernels = self._chunk_kernels(xc)
+        top = None if kernels is None else kernels[0](xc)
+        return None if top is None else top.reshape((1,) * xc.ndim)
+
     def alpha(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
         """Per-tensor partial: ``max|x|`` of the chunk, shaped ``(1,) * rank``."""
+        top = self._fused_top(xc)
+        if top is not None:
+            return top
         xp = _ns(xc)
         with shim.quiet(xp):
             parts = [self.steps.alpha(xc[c.rows, ...], xp=xp) for c in self._slabs(xc)]
@@ -249,6 +267,24 @@ class _Chunked:
                 values.put(c.stored, self.steps.values(xs, stored, table, xp=xp))
         return values.result, scales.result
 
+    def block_top(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Two-level MinMax, first pass: the chunk's largest block ``max|x|``, shaped ``(1,) * rank``."""
+        top = self._fused_top(xc)
+        if top is not None:
+            return top
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            return xp.reshape(xp.max(self._grid(xc, block_id, lambda a, xp: a)), (1,) * xc.ndim)
+
+    def under(self, xc: Any, glob: Any, table: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
+        """Two-level MinMax, second pass: the chunk's stored values and stored scales beneath ``glob``."""
+        kernels = self._chunk_kernels(xc)
+        hit = None if kernels is None else kernels[1](xc, self.steps.plan, glob, self.steps.rounding)
+        if hit is not None:
+            return hit[0], hit[1]
+        stored = self.normalised(self.raw_scales(xc, table, block_id), glob)
+        return self.values(xc, stored, glob, table, block_id), stored
+
     def raw_scales(self, xc: Any, table: Any, block_id: tuple[int, ...] = ()) -> Any:
         """Two-level: the chunk's block scales before normalisation by the global."""
         return self._grid(xc, block_id, lambda a, xp: block_scales(a, self.steps.plan, xp=xp, table=table))
@@ -359,6 +395,13 @@ class _Refuse:
         return s
 
 
+def _two_pass(x: Any, steps: Steps, tab: Any, chunked: _Chunked) -> bool:
+    """Whether a two-level MinMax graph takes the fused kernels' two passes (NumPy f32 chunks)."""
+    if steps.calibration is not Calibration.MINMAX or steps.searches or tab is not None:
+        return False
+    return chunked._chunk_kernels(getattr(x, "_meta", None), steps.shape) is not None
+
+
 def quantize_lazy(
     x: Any,
     plan: Plan,
@@ -409,6 +452,15 @@ def quantize_lazy(
             (layout.grid, f32),
         )
         return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, None, tab)
+    elif dims and _two_pass(x, steps, tab, chunked):
+        # fused: one pass for max|x| (the largest block scale comes of it), one to quantize
+        tops = dask_graph.map_chunks(chunked.block_top, [x], [], tuple((1,) * len(c) for c in layout.data), f32)
+        top = xp.reshape(xp.max(tops), (1,))
+        glob = global_scale(block_scales(top, plan, xp=xp, table=tab), plan, xp=xp)
+        values, stored = dask_graph.map_chunks_pair(
+            chunked.under, [x], [glob, tab], (layout.values, vdtype), (layout.grid, f32)
+        )
+        return QuantizedTensor(plan.scheme, shape, x.dtype, values, stored, glob, tab)
     elif dims:
         raw = dask_graph.map_chunks(chunked.raw_scales, [x], [tab], layout.grid, f32)
         glob = global_scale(xp.reshape(xp.max(raw), (1,)), plan, xp=xp)

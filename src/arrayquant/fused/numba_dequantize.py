@@ -20,6 +20,7 @@ on the thread count. No ``fastmath``.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from ..kernels.minifloat import FORMATS, decode_table
 from ..scheme import QuantValue
 from ..storage import values_layout
 from .coverage import layout_reason
-from .numba_search import _LAUNCH, numba
+from .numba_search import launch, numba
 
 __all__ = ["decode_minifloat", "dequantize", "supports"]
 
@@ -223,48 +224,27 @@ if numba is not None:
                 elif y < low:
                     dst[c] = low
 
-    # One parallel kernel per decoder, compiled only when first used (seconds each). Each computes
+    # Two kernels per decoder, compiled only when first used (seconds each). Each computes
     # ``out[r, c] = value(field(r, c)) * eff(r, c // b)``; ``raw`` holds each row's bytes, field ``c``
     # in byte ``c >> lg`` at bit ``(c & (2^lg - 1)) * bits``; ``scales[r * srow]`` are the stored
     # scales of row ``r``'s blocks (``srow`` 0: the same for every row).
-    _kernel = numba.njit(cache=True, nogil=True, parallel=True)
+    def _compile(mode: int) -> tuple[Any, Any]:
+        """The decoder ``mode``'s kernel, parallel over rows and serial (for one-thread launches).
 
-    @_kernel
-    def _rows_i8(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _I8)
+        ``mode`` is a closure constant, so each decoder is its own compilation (and cache entry).
+        """
 
-    @_kernel
-    def _rows_e4m3(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _E4M3)
+        def parallel(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+            for r in numba.prange(raw.shape[0]):
+                _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, mode)
 
-    @_kernel
-    def _rows_e5m2(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _E5M2)
+        def serial(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
+            for r in range(raw.shape[0]):
+                _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, mode)
 
-    @_kernel
-    def _rows_e2m1(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _E2M1)
+        return numba.njit(cache=True, nogil=True, parallel=True)(parallel), _njit(serial)
 
-    @_kernel
-    def _rows_i4(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _I4)
-
-    @_kernel
-    def _rows_p2m1(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _P2M1)
-
-    @_kernel
-    def _rows_i2(raw, scales, srow, glob, two_level, b, cols, bits, clamp, out):
-        for r in numba.prange(raw.shape[0]):
-            _row(raw[r], out[r], scales[r * srow], glob[0], two_level, b, cols, bits, clamp, _I2)
-
-    _KERNELS = (_rows_i8, _rows_e4m3, _rows_e5m2, _rows_e2m1, _rows_i4, _rows_p2m1, _rows_i2)
+    _KERNELS = tuple(_compile(m) for m in (_I8, _E4M3, _E5M2, _E2M1, _I4, _P2M1, _I2))
 
     @_njit
     def _decode(codes, mode, out):
@@ -368,11 +348,7 @@ def dequantize(
         # scales cannot overflow and saturates in one whose can; leave that to it
         return None
     out = np.empty((rows, cols), dtype=np.float32)
-    from .threads import apply
-
-    with _LAUNCH:
-        apply(out.size)
-        _KERNELS[mode](raw, s2, srow, g, plan.two_level, b, cols, plan.bits, clamp, out)
+    launch(_KERNELS[mode], out.size, raw, s2, srow, g, plan.two_level, b, cols, plan.bits, clamp, out)
     return out.reshape(shape)
 
 

@@ -39,9 +39,9 @@ from ..kernels.minifloat import FORMATS
 from ..scheme import F32_MAX, F32_TINY, QuantValue, ScaleDtype
 from ..storage import values_layout
 from .coverage import layout_reason
-from .numba_search import _LAUNCH, numba
+from .numba_search import _LAUNCH, launch, numba
 
-__all__ = ["encode", "encode_minifloat", "quantize", "round_up", "supports"]
+__all__ = ["absmax", "encode", "encode_minifloat", "quantize", "quantize_under", "round_up", "supports"]
 
 _INTS = (QuantValue.Q8F, QuantValue.Q8S, QuantValue.Q4F, QuantValue.Q4S, QuantValue.Q2F, QuantValue.Q2S)
 _FLOATS = (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
@@ -220,17 +220,27 @@ if numba is not None:
                     | ((v >> np.uint32(18)) & np.uint32(0xC0))
                 )
 
-    @numba.njit(cache=True, nogil=True, parallel=True)
-    def _row_max(xu, out):
-        """The largest sign-cleared bit pattern of each row (``max|x|`` as bits)."""
-        rows, cols = xu.shape
+    @_njit
+    def _max_bits(ur):
+        """The largest sign-cleared bit pattern of a row (its ``max|x|`` as bits)."""
         low = np.uint32(0x7FFFFFFF)
-        for r in numba.prange(rows):
-            ur = xu[r]
-            m = np.uint32(0)
-            for t in range(cols):
-                m = max(m, ur[t] & low)
-            out[r] = m
+        m = np.uint32(0)
+        for t in range(ur.shape[0]):
+            m = max(m, ur[t] & low)
+        return m
+
+    # each kernel twice: parallel over rows (prange), and serial for one-thread launches (no pool)
+    @numba.njit(cache=True, nogil=True, parallel=True)
+    def _row_max_parallel(xu, out):
+        for r in numba.prange(xu.shape[0]):
+            out[r] = _max_bits(xu[r])
+
+    @_njit
+    def _row_max_serial(xu, out):
+        for r in range(xu.shape[0]):
+            out[r] = _max_bits(xu[r])
+
+    _ROW_MAX = (_row_max_parallel, _row_max_serial)
 
     @_njit
     def _quantize_row(r, x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad):
@@ -303,12 +313,20 @@ if numba is not None:
             _pack(dst, per_byte, orow)
 
     @numba.njit(cache=True, nogil=True, parallel=True)
-    def _quantize_rows(x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad):
-        """:func:`_quantize_row` over all rows, in parallel."""
+    def _quantize_rows_parallel(x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad):
         for r in numba.prange(x.shape[0]):
             _quantize_row(
                 np.int64(r), x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad
             )
+
+    @_njit
+    def _quantize_rows_serial(x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad):
+        for r in range(x.shape[0]):
+            _quantize_row(
+                np.int64(r), x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad
+            )
+
+    _QUANTIZE_ROWS = (_quantize_rows_parallel, _quantize_rows_serial)
 
     @numba.njit(cache=True, nogil=True, parallel=True)
     def _encode_flat(y, yu, fmax, emin, jmax, mbits, sign_shift, nan_code, out):
@@ -404,27 +422,25 @@ def _run(
     scales = np.empty((rows, nb) if stored is None else (1, 1), dtype=np.float32)
     st = np.zeros((1, 1), np.float32) if stored is None else np.ascontiguousarray(stored, np.float32)
     bad = np.zeros(rows, dtype=np.bool_)
-    from .threads import apply
-
-    with _LAUNCH:
-        apply(x2.size)
-        _quantize_rows(
-            x2,
-            x2.view(np.uint32),
-            b,
-            stored is not None,
-            check,
-            st,
-            glob,
-            (bool(plan.two_level), plan.scheme.scale_rule == "ocp", _ocp_mul(plan), np.float32(plan.value.span / 2)),
-            _grid(plan.scale_dtype),
-            _grid(ScaleDtype.UE8M0),
-            _constants(plan, rounding),
-            per_byte,
-            scales,
-            out,
-            bad,
-        )
+    launch(
+        _QUANTIZE_ROWS,
+        x2.size,
+        x2,
+        x2.view(np.uint32),
+        b,
+        stored is not None,
+        check,
+        st,
+        glob,
+        (bool(plan.two_level), plan.scheme.scale_rule == "ocp", _ocp_mul(plan), np.float32(plan.value.span / 2)),
+        _grid(plan.scale_dtype),
+        _grid(ScaleDtype.UE8M0),
+        _constants(plan, rounding),
+        per_byte,
+        scales,
+        out,
+        bad,
+    )
     return values, scales, bool(bad.any())
 
 
@@ -438,11 +454,7 @@ def _absmax(x: np.ndarray) -> np.float32 | None:
     """``max|x|`` over the whole tensor (parallel over rows), or None when it holds NaN or infinity."""
     x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
     rowmax = np.empty(x2.shape[0], dtype=np.uint32)
-    from .threads import apply
-
-    with _LAUNCH:
-        apply(x2.size)
-        _row_max(x2.view(np.uint32), rowmax)
+    launch(_ROW_MAX, x2.size, x2.view(np.uint32), rowmax)
     top = rowmax.max()
     if top >= _FINITE_LIMIT:
         return None
@@ -485,19 +497,45 @@ def quantize(x: np.ndarray, plan: Plan, rounding: str) -> tuple[np.ndarray, np.n
         stored = np.full((1, 1), s, dtype=f32)
         values, _, _ = _run(x, plan, rounding, stored, f32(1), False)
         return values, stored.reshape(1), None
-    glob = f32(1)
+    glob = None
     if plan.two_level:
         alpha = _absmax(x)
         if alpha is None:
             return None
         # the largest block scale is max|x| / (span / 2): division by a positive constant is monotone
         s_max = f32(alpha / f32(plan.value.span / 2))
-        glob = f32(max(f32(s_max / f32(plan.scale_dtype.max)), f32(F32_TINY)))
-    values, scales, bad = _run(x, plan, rounding, None, glob, False)
-    if bad:
+        glob = np.full(1, max(f32(s_max / f32(plan.scale_dtype.max)), f32(F32_TINY)), dtype=f32)
+    hit = _under(x, plan, glob, rounding)
+    return None if hit is None else (*hit, glob)
+
+
+def absmax(x: np.ndarray) -> np.ndarray | None:
+    """``max|x|`` of float32 ``x`` as a ``(1,)`` f32 array, or None when ``x`` holds NaN or infinity."""
+    alpha = _absmax(x)
+    return None if alpha is None else np.full(1, alpha, dtype=np.float32)
+
+
+def quantize_under(
+    x: np.ndarray, plan: Plan, glob: np.ndarray | None, rounding: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """MinMax block quantization under a given two-level global: (values, stored scales), or None.
+
+    What :func:`quantize` does once it has the global, for a part of a tensor (a dask chunk) whose
+    global was taken over the whole. ``glob`` is the ``(1,)`` f32 global of a two-level scheme, None
+    for a one-level one. None where not covered or when ``x`` holds NaN or infinity.
+    """
+    if not _covered(x, plan) or plan.two_level != (glob is not None):
         return None
-    g_out = np.full(1, glob, dtype=f32) if plan.two_level else None
-    return values, scales.reshape(plan.grid_shape(shape)), g_out
+    return _under(x, plan, glob, rounding)
+
+
+def _under(x: np.ndarray, plan: Plan, glob: np.ndarray | None, rounding: str) -> tuple[np.ndarray, np.ndarray] | None:
+    shape = tuple(int(n) for n in x.shape)
+    if not plan.block_dims(shape):
+        return None
+    g = np.float32(1) if glob is None else np.float32(np.asarray(glob, dtype=np.float32).reshape(-1)[0])
+    values, scales, bad = _run(x, plan, rounding, None, g, False)
+    return None if bad else (values, scales.reshape(plan.grid_shape(shape)))
 
 
 def encode(x: np.ndarray, plan: Plan, stored: np.ndarray, glob: np.ndarray | None, rounding: str) -> np.ndarray | None:

@@ -31,7 +31,7 @@ from ..kernels.roundup import _pow2_tables
 from ..kernels.search import _tables
 from ..scheme import QuantMode, ScaleDtype
 
-__all__ = ["mse_codes_and_scales", "norm_tables", "supports"]
+__all__ = ["launch", "mse_codes_and_scales", "norm_tables", "supports"]
 
 _LIMIT = float(np.float32(255.99))
 
@@ -48,6 +48,23 @@ numba = _load_numba()
 # why: numba's default "workqueue" threading layer aborts the process when two Python threads launch
 # parallel kernels at once (a thread pool or dask's threaded scheduler calling quantize); serialise them
 _LAUNCH = threading.Lock()
+
+
+def launch(kernels: tuple[Any, Any], elements: int, *args: Any) -> None:
+    """Run a kernel over ``elements`` values: ``kernels`` is its (parallel, serial) compilation.
+
+    On one thread (:func:`threads.planned`) the serial one runs with no lock: it never touches
+    numba's thread pool, so Python threads (dask's threaded scheduler) may run it side by side.
+    """
+    from .threads import planned
+
+    n = planned(elements)
+    if n == 1:
+        kernels[1](*args)
+        return
+    with _LAUNCH:
+        numba.set_num_threads(n)
+        kernels[0](*args)
 
 
 def _round_up_tables(dtype: ScaleDtype) -> tuple[np.ndarray, ...]:

@@ -9,6 +9,7 @@ operation   CPU (NumPy arrays, Numba)                           GPU (CuPy arrays
 =========== =================================================== ==================================
 quantize    MinMax, dynamic scales: :mod:`.numba_quantize`      :mod:`.cupy_kernels` (unverified)
 encode      given stored scales: :mod:`.numba_quantize`         -
+chunks      two-level, a chunk at a time: :mod:`.numba_quantize` -
 dequantize  :mod:`.numba_dequantize`                            :mod:`.cupy_kernels` (unverified)
 mse         the MSE search kernels (``numba_*search``)          -
 =========== =================================================== ==================================
@@ -26,9 +27,14 @@ import numpy as np
 from ..invariants import Plan
 from . import available, gpu_available, gpu_why_not, why_not
 
-__all__ = ["dequantize_kernel", "describe", "encode_kernel", "quantize_kernel"]
+__all__ = ["chunk_kernels", "dequantize_kernel", "describe", "encode_kernel", "quantize_kernel"]
 
-_CPU_MODULES = {"quantize": "numba_quantize", "encode": "numba_quantize", "dequantize": "numba_dequantize"}
+_CPU_MODULES = {
+    "quantize": "numba_quantize",
+    "encode": "numba_quantize",
+    "chunks": "numba_quantize",
+    "dequantize": "numba_dequantize",
+}
 
 
 def _module(name: str) -> Any:
@@ -67,6 +73,19 @@ def encode_kernel(x: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[..., A
         return None
     mod = _cpu("encode", plan, shape)
     return None if mod is None else mod.encode
+
+
+def chunk_kernels(x: Any, plan: Plan, shape: tuple[int, ...]) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """MinMax quantization of one chunk of a larger tensor, in two steps, or None.
+
+    ``(absmax, quantize_under)``: ``absmax(x) -> (1,) f32 | None`` for each chunk, then, with the
+    global taken over all of them, ``quantize_under(x, plan, glob, rounding) -> (values, stored) |
+    None``. None from either means NaN or infinity: the portable path reports it.
+    """
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        return None
+    mod = _cpu("chunks", plan, shape)
+    return None if mod is None else (mod.absmax, mod.quantize_under)
 
 
 def dequantize_kernel(values: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[..., Any] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import os
 
-__all__ = ["apply", "count", "default"]
+__all__ = ["apply", "count", "default", "planned"]
 
 # set by arrayquant.fused_kernels(threads=...) for the current context (thread or task)
 CHOSEN: contextvars.ContextVar[int | None] = contextvars.ContextVar("arrayquant_threads", default=None)
@@ -38,8 +38,8 @@ def count() -> int:
 MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 
-def apply(elements: int | None = None) -> None:
-    """Set numba's thread count for the next parallel launch over ``elements`` values.
+def planned(elements: int | None = None) -> int:
+    """The thread count of the next launch over ``elements`` values.
 
     At most :func:`count`, at most the size of numba's pool, and one thread per
     ``MIN_ELEMENTS_PER_THREAD`` values, so a small tensor runs on the calling thread alone.
@@ -49,4 +49,11 @@ def apply(elements: int | None = None) -> None:
     n = min(count(), numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
     if elements is not None:
         n = min(n, elements // MIN_ELEMENTS_PER_THREAD + 1)
-    numba.set_num_threads(max(1, n))
+    return max(1, n)
+
+
+def apply(elements: int | None = None) -> None:
+    """Set numba's thread count for the next parallel launch over ``elements`` values (:func:`planned`)."""
+    import numba
+
+    numba.set_num_threads(planned(elements))

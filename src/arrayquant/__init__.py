@@ -10,7 +10,7 @@
 True
 """
 
-from . import backends, errors
+from . import backends, errors, ops
 from .convert import asarray
 from .dequantize import dequantize
 from .errors import (
@@ -31,6 +31,7 @@ from .gptq import GPTQResult, gptq_quantize, gptq_solve
 from .io import from_bytes, load, save, to_bytes
 from .io.ct_model import ModelSummary, quantize_model
 from .metrics import ErrorMeter, ErrorReport, error_report, sqnr
+from .ops import matmul
 from .quantize import compute_q_params, compute_range, quantize, round_up_scales
 from .scheme import (
     NF4,
@@ -96,6 +97,8 @@ __all__ = [
     "gptq_quantize",
     "gptq_solve",
     "load",
+    "matmul",
+    "ops",
     "pack",
     "quantize",
     "quantize_model",

@@ -248,6 +248,7 @@ class Result:
     extra_mib: float | None = None
     check: str = ""  # "exact" / "differs" against an independent reference, "" when not checked
     vs_minmax: float | None = None  # calibration rows: time relative to the same scheme's MinMax quantize
+    weight_mib: float | None = None  # matmul rows: MiB of the quantized weight
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,7 @@ class Bench:
     memory: bool
     calibrations: bool = True
     portable: bool = True
+    matmul: bool = True
     results: list[Result] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
@@ -723,6 +725,7 @@ def run(
     calibrations: bool = True,
     portable: bool = True,
     log: Callable[[str], None] | None = None,
+    matmul: bool = True,
 ) -> tuple[dict[str, Any], list[Result], dict[str, str]]:
     """Measure everything once: (machine info, rows, unavailable peers and why)."""
     rng = np.random.default_rng(0)
@@ -735,7 +738,7 @@ def run(
             stack.enter_context(cupy.cuda.Device(x.device.id))  # launches go to the input's device
         sync = make_sync(backend, x)
         mem = (backend == "numpy") if memory is None else memory
-        b = Bench(host, x, backend, repeat, sync, mem, calibrations, portable)
+        b = Bench(host, x, backend, repeat, sync, mem, calibrations, portable, matmul)
         info = machine(backend, x)
         _run_cases(b, peers, log or (lambda _: None))
     _ratios(b.results)
@@ -791,6 +794,8 @@ def _run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> 
 
     if b.calibrations:
         _calibration_cases(b, log)
+    if b.matmul:
+        _matmul_cases(b, log)
 
     for peer in peers:
         if b.backend not in PEER_BACKENDS[peer]:
@@ -824,6 +829,86 @@ def _portable_rows(b: Bench, scheme: str, qt: QuantizedTensor, y: Any) -> None:
     r = b.time(name, "dequantize", "portable", dq, lambda y: y.nbytes)
     same = np.array_equal(shim.to_host(dq()).view(np.uint8), shim.to_host(y).view(np.uint8))
     r.check = "exact" if same else "differs"
+
+
+# matmul rows (issue 14): a MATMUL_SIZE^2 weight quantized per tensor (and q8s per row) times a
+# MATMUL_SIZE x MATMUL_COLUMNS f32 input; int8 rows quantize the input too (q8s, one scale per column).
+# A smaller --size shrinks the weight to size x size (the tests' small runs).
+MATMUL_SIZE = 4096
+MATMUL_COLUMNS = 64
+MATMUL_WEIGHTS = ("q8s", "q8s:block4096", "q4s", "q2s")
+
+
+def _matmul_side(size: int) -> int:
+    """The matmul weight's side for a run of ``--size size``."""
+    return min(MATMUL_SIZE, size)
+
+
+def _matmul_cases(b: Bench, log: Callable[[str], None]) -> None:
+    """Each matmul path that applies, beside NumPy's matmul of the dequantized weight, on NumPy.
+
+    Rows are kind ``matmul``: GB/s counts the f32 weight's bytes (what the quantized weight stands
+    for); ``vs_numpy`` is NumPy's time over ours; ``check`` compares with NumPy's float64 product of
+    the same dequantized operands (``close``: within 1e-5 of the largest output, ``differs`` past it).
+    """
+    if b.backend != "numpy":
+        b.unavailable["matmul"] = f"matmul rows run with --backend numpy only, not {b.backend}"
+        return
+    from .ops import linalg
+
+    side = _matmul_side(b.host.shape[0])
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((side, side), dtype=np.float32) * np.float32(0.05)
+    x = rng.standard_normal((side, MATMUL_COLUMNS), dtype=np.float32)
+    xt = np.ascontiguousarray(x.T)
+    per_column = QuantScheme.parse("q8s").per_block([side, 1])
+    gb = w.nbytes / 1e9
+
+    def row(case: str, kind: str, fn: Callable[[], Any], base: Result | None, oracle: Any, qt: Any = None) -> Result:
+        times, first = timed(fn, b.repeat, b.sync)
+        r = Result(case, "matmul", kind, times, gb / statistics.median(times), gb / min(times), first_s=first)
+        if base is not None:
+            r.vs_numpy = statistics.median(base.times_s) / statistics.median(times)
+        if oracle is not None:
+            err = float(np.max(np.abs(fn().astype(np.float64) - oracle)))
+            r.check = "close" if err <= 1e-5 * float(np.max(np.abs(oracle))) else "differs"
+        if qt is not None:
+            r.weight_mib = qt_bytes(qt) / MIB
+        b.results.append(r)
+        return r
+
+    for name in MATMUL_WEIGHTS:
+        scheme = name.replace(str(MATMUL_SIZE), str(side))  # per row: one block spans the row
+        try:
+            wq = quantize(w, scheme)
+            wd = dequantize(wq)
+            np_wx = row(f"numpy deq({scheme}) @ x", "matmul-numpy", functools.partial(np.matmul, wd, x), None, None)
+            oracle = wd.astype(np.float64) @ x.astype(np.float64)
+            ref = functools.partial(linalg.matmul, wq, x, path="reference")
+            row(f"{scheme} @ x reference", "matmul", ref, np_wx, oracle, wq)
+            xq = quantize(x, per_column)
+            if linalg.matmul_path(wq, xq) == "int8":
+                oracle_q = wd.astype(np.float64) @ dequantize(xq).astype(np.float64)
+                int8 = functools.partial(_int8_matmul, wq, x, per_column)
+                row(f"{scheme} @ q8s-col(x) int8", "matmul", int8, np_wx, oracle_q, wq)
+            if linalg.matmul_path(xt, wq) == "ternary":
+                np_xw = row(
+                    f"numpy x.T @ deq({scheme})", "matmul-numpy", functools.partial(np.matmul, xt, wd), None, None
+                )
+                oracle_t = xt.astype(np.float64) @ wd.astype(np.float64)
+                tern = functools.partial(linalg.matmul, xt, wq, path="ternary")
+                row(f"x.T @ {scheme} ternary", "matmul", tern, np_xw, oracle_t, wq)
+            del wq, wd
+        except Exception as exc:  # report, go on with the other weights
+            b.unavailable[f"matmul {scheme}"] = reason(exc)
+        log(f"matmul {scheme} done")
+
+
+def _int8_matmul(wq: QuantizedTensor, x: np.ndarray, scheme: QuantScheme) -> Any:
+    """The int8 path from a float input: quantize it (one scale per column), then the exact integer sums."""
+    from .ops import linalg
+
+    return linalg.matmul(wq, quantize(x, scheme), path="int8")
 
 
 def _calibration_cases(b: Bench, log: Callable[[str], None]) -> None:
@@ -991,6 +1076,21 @@ def report(info: dict[str, Any], size: int, repeat: int, results: list[Result], 
             f"{_fmt(r.extra_mib, '.1f'):>6} {r.check:<7}"
             for r in cal
         ]
+    mm = [r for r in results if r.kind in ("matmul", "matmul-numpy")]
+    if mm:
+        side = _matmul_side(size)
+        f32_mib = side * side * 4 / MIB
+        rows += [
+            "",
+            f"-- matmul: {side}x{side} weight, {side}x{MATMUL_COLUMNS} f32 input "
+            f"(x NumPy = NumPy's time / ours; weight MiB vs {f32_mib:.0f} MiB f32)",
+            f"{'case':<34} {'median ms':>9} {'best ms':>8} {'x NumPy':>7} {'weight MiB':>10} {'check':<7}",
+        ]
+        rows += [
+            f"{r.case:<34} {1e3 * statistics.median(r.times_s):9.1f} {1e3 * min(r.times_s):8.1f} "
+            f"{_fmt(r.vs_numpy):>7} {_fmt(r.weight_mib, '.1f'):>10} {r.check:<7}"
+            for r in mm
+        ]
     jit = _jit_gain(results)
     if jit:
         rows += ["", "-- what XLA fusion gives: jax.jit(arrayquant) / arrayquant eager on this backend, medians"]
@@ -1072,6 +1172,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-portable", action="store_true", help="skip the rows of the portable kernels beside the fused ones"
     )
     parser.add_argument(
+        "--no-matmul", action="store_true", help="skip the matmul rows (4096x4096 quantized weight x 4096x64 input)"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -1107,6 +1210,7 @@ def run_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             calibrations=not args.no_calibration,
             portable=not args.no_portable,
             log=say,
+            matmul=not args.no_matmul,
         )
     where = f"process pinned to CPU {', '.join(map(str, cpus))}, " if cpus else "process not pinned, "
     cores = "one core" if n == 1 else f"{n} cores"
@@ -1206,6 +1310,16 @@ def markdown(doc: dict[str, Any]) -> str:
             f"| `{r['case']}` | {r['op']} | {r['gbps_median']:.2f} | {num(r['vs_minmax'], '.1f')} | "
             f"{num(r['extra_mib'], '.1f')} | {r['check']} |"
             for r in cal
+        ]
+    mm = [r for r in rows if r["kind"] in ("matmul", "matmul-numpy")]
+    if mm:
+        side = _matmul_side(doc["size"])
+        out += ["", f"{side}x{side} weight times a {side}x{MATMUL_COLUMNS} f32 input (x NumPy = NumPy's time / ours):"]
+        out += ["", "| matmul | median ms | x NumPy | weight MiB | check |", "|---|--:|--:|--:|---|"]
+        out += [
+            f"| `{r['case']}` | {1e3 * statistics.median(r['times_s']):.1f} | {num(r['vs_numpy'])} | "
+            f"{num(r.get('weight_mib'), '.1f')} | {r['check']} |"
+            for r in mm
         ]
     jit = [r for r in rows if r["kind"] == "jit"]
     if jit:

@@ -70,6 +70,108 @@ class QuantizedTensor:
         """The same tensor on ``device`` (``"cpu"``, ``"cuda:1"`` or a native device)."""
         return self.to_backend(shim.backend_name(self.values), device)
 
+    # -- computing with it (arrayquant.ops): layout operations stay quantized where exact -------
+
+    # NumPy defers binary operators (``x @ qt``) to this class instead of converting it
+    __array_ufunc__ = None
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes."""
+        return len(self.shape)
+
+    @property
+    def T(self) -> QuantizedTensor:
+        """The axes reversed (as NumPy's ``.T``), codes and scales moved, never requantized."""
+        from .ops import layout
+
+        return layout.permute_dims(self, tuple(range(self.ndim))[::-1])
+
+    @property
+    def mT(self) -> QuantizedTensor:
+        """The last two axes swapped (``matrix_transpose``)."""
+        from .ops import layout
+
+        return layout.matrix_transpose(self)
+
+    def reshape(self, *shape: Any) -> QuantizedTensor:
+        """The same data in ``shape`` (``qt.reshape(2, -1)`` or ``qt.reshape((2, -1))``); see ``aq.ops.reshape``."""
+        from .ops import layout
+
+        target = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+        return layout.reshape(self, tuple(target))
+
+    def __getitem__(self, key: Any) -> QuantizedTensor:
+        from .ops import layout
+
+        return layout.getitem(self, key)
+
+    def __matmul__(self, other: Any) -> Any:
+        from .ops import linalg
+
+        return linalg.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        from .ops import linalg
+
+        return linalg.matmul(other, self)
+
+    # arithmetic as aq.ops does it: floats back (Burn's default propagation, "inhibit")
+    def __add__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.add(self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.add(other, self)
+
+    def __sub__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.subtract(self, other)
+
+    def __rsub__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.subtract(other, self)
+
+    def __mul__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.multiply(self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.multiply(other, self)
+
+    def __truediv__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.divide(self, other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.divide(other, self)
+
+    def __pow__(self, other: Any) -> Any:
+        from .ops import elementwise
+
+        return elementwise.pow(self, other)
+
+    def __neg__(self) -> Any:
+        from .ops import elementwise
+
+        return elementwise.negative(self)
+
+    def __abs__(self) -> QuantizedTensor:
+        from .ops import elementwise
+
+        return elementwise.abs(self)
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         # why: without this NumPy silently wraps the tensor in a 0-d object array
         msg = (

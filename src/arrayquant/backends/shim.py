@@ -28,6 +28,7 @@ __all__ = [
     "named_dtype",
     "native_device",
     "quiet",
+    "quietly",
     "slab_friendly",
     "to_host",
     "words_to_bytes",
@@ -412,6 +413,27 @@ def quiet(xp: Any) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def quietly(fn: Any, *arrays: Any) -> Any:
+    """``fn(xp, *arrays)`` for an elementwise ``fn``, without NumPy's floating-point warnings.
+
+    Dask runs NumPy only when the result is computed, outside any ``errstate`` set here, so there
+    ``fn`` runs block by block under ``errstate`` (still lazy; ``fn`` must be elementwise).
+    """
+    xp = compat.array_namespace(*arrays)
+    if compat.is_dask_namespace(xp):
+        import dask.array as da
+
+        host = compat.array_namespace(np.empty(0))
+
+        def block(*blocks: Any) -> Any:
+            with np.errstate(all="ignore"):
+                return fn(host, *blocks)
+
+        return da.map_blocks(block, *arrays)
+    with quiet(xp):
+        return fn(xp, *arrays)
 
 
 class _ExactDivision:

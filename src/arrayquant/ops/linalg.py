@@ -1,0 +1,359 @@
+"""Matrix products with quantized operands: the float reference, exact integer sums, ternary adds.
+
+``matmul(a, b)`` takes a :class:`~arrayquant.QuantizedTensor` or a float array on either side, with
+the Array API's ``matmul`` semantics (a 1-d operand is a row or a column vector, leading axes
+broadcast). Three ways to compute it:
+
+* ``"reference"`` — what Burn's default ``q_matmul`` does: dequantize the quantized side(s) (into the
+  float side's dtype, if there is one) and multiply the floats with the namespace's ``matmul``.
+  Traceable under ``jax.jit`` and ``torch.compile``; lazy on Dask.
+* ``"int8"`` — both sides quantized with integer codes (Q8S/Q8F/Q4S/Q4F/Q2S/Q2F, symmetric, one
+  level) whose scale does not change along the contracted axis: ``a`` per tensor or one scale per
+  row (blocks spanning all of K), ``b`` per tensor or one scale per column. The code products are
+  summed exactly in integers, then scaled once: ``out = (f32(sum) * row_scale) * col_scale``. An
+  arrayquant extension (Burn has no integer matmul); it differs from the reference only by f32
+  rounding, and is closer to the exact product than the reference is.
+* ``"ternary"`` — burn-ndarray's multiplication-free path: ``a`` a float32 array, ``b`` a Q2S per-tensor
+  ``(K, N)`` weight whose codes are -1, 0 or 1; each output adds or subtracts the activations in
+  ``k`` order from +0.0, then is multiplied once by the scale ``gamma``. Like Burn's, it returns floats even
+  under ``propagation="propagate"``.
+
+``path="auto"`` takes ternary where it applies, else int8, else the reference; :func:`matmul_path`
+says which. Under ``propagation="propagate"`` the float result (reference and int8) is quantized
+again with the scheme of ``b`` when ``b`` is quantized, else ``a``'s, with fresh MinMax scales (Burn's
+rule: the last quantized operand's scheme).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat as compat
+
+from ..dequantize import dequantize
+from ..errors import DTypeError, ParamsError, SchemeError, ShapeError
+from ..invariants import is_real_float, plan_for
+from ..scheme import QuantMode, QuantValue
+from ..tensor import QuantizedTensor
+from ._common import check_propagation, requantize, same_place
+
+__all__ = ["PATHS", "matmul", "matmul_path"]
+
+PATHS = ("auto", "reference", "int8", "ternary")
+
+# an f32 holds every integer up to 2^24 exactly, an int32 every integer below 2^31
+_F32_EXACT = 1 << 24
+_INT32_LIMIT = (1 << 31) - 1
+
+
+def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") -> Any:
+    """``a @ b`` where either side (or both) is a quantized tensor.
+
+    Parameters
+    ----------
+    a, b : QuantizedTensor or array
+        Operands of one namespace and device; an array operand must have a real floating dtype.
+        Shapes follow the Array API's ``matmul``: ``(..., M, K) @ (..., K, N)``, a 1-d operand is
+        a vector (its axis is dropped from the result), leading axes broadcast.
+    propagation : {"inhibit", "propagate"}
+        ``"inhibit"`` (Burn's default) returns the float result; ``"propagate"`` quantizes it with
+        ``b``'s scheme when ``b`` is quantized, else ``a``'s (MinMax scales). The ternary path always
+        returns floats, as Burn's does.
+    path : {"auto", "reference", "int8", "ternary"}
+        How to compute it (see the module docstring); ``"auto"`` picks :func:`matmul_path`'s answer.
+
+    Returns
+    -------
+    array or QuantizedTensor
+        The product in the namespace and on the device of the operands; its dtype is the float
+        operand's (both quantized: the promoted dtype of the two).
+
+    Raises
+    ------
+    ParamsError
+        An operand is neither a QuantizedTensor nor an array.
+    DTypeError
+        An array operand without a real floating dtype.
+    DeviceError
+        The operands live in different namespaces or on different devices.
+    ShapeError
+        A 0-d operand, inner dimensions that differ, or leading dimensions that do not broadcast.
+    SchemeError
+        Unknown ``path`` or ``propagation``, or a forced ``path`` that does not apply (the message
+        says why and which path does).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayquant as aq
+    >>> from arrayquant.ops import linalg
+    >>> w = aq.quantize(np.array([[1.0, -2.0], [0.5, 4.0]], dtype=np.float32), "q8s:native")
+    >>> x = np.array([[2.0, 1.0]], dtype=np.float32)
+    >>> [round(float(v), 3) for v in linalg.matmul(x, w)[0]]
+    [2.52, -0.031]
+    >>> linalg.matmul_path(x, w)
+    'reference'
+    >>> t = aq.quantize(np.array([[1.0, -1.0], [0.0, 1.0]], dtype=np.float32), "q2s:native")
+    >>> linalg.matmul_path(x, t), linalg.matmul(x, t).tolist()
+    ('ternary', [[2.0, -1.0]])
+    """
+    prop = check_propagation(propagation)
+    if not isinstance(path, str) or path not in PATHS:
+        msg = f"path must be one of {', '.join(map(repr, PATHS))}, got {path!r}"
+        raise SchemeError(msg)
+    _check_operands(a, b)
+    chosen = _choose(a, b, path)
+    if chosen == "ternary":
+        return _ternary(a, b)
+    out = _int8(a, b) if chosen == "int8" else _reference(a, b)
+    if prop == "propagate":
+        return requantize(out, b if isinstance(b, QuantizedTensor) else a)
+    return out
+
+
+def matmul_path(a: Any, b: Any) -> str:
+    """The path :func:`matmul` ``(a, b)`` takes under ``path="auto"``: ternary, else int8, else reference.
+
+    Parameters
+    ----------
+    a, b : QuantizedTensor or array
+        The operands, as for :func:`matmul` (checked the same way).
+
+    Returns
+    -------
+    str
+        ``"ternary"``, ``"int8"`` or ``"reference"``.
+
+    Raises
+    ------
+    ParamsError, DTypeError, DeviceError, ShapeError
+        As :func:`matmul` does for the same operands.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayquant as aq
+    >>> from arrayquant.ops import linalg
+    >>> x = np.ones((2, 3), dtype=np.float32)
+    >>> linalg.matmul_path(aq.quantize(x, "q8s:native"), aq.quantize(x.T, "q4s:native"))
+    'int8'
+    """
+    _check_operands(a, b)
+    return _choose(a, b, "auto")
+
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(v.shape)
+
+
+def _check_operands(a: Any, b: Any) -> None:
+    """Types, dtypes, namespace and device, then shapes: everything before any arithmetic."""
+    for name, v in (("a", a), ("b", b)):
+        if isinstance(v, QuantizedTensor):
+            continue
+        if not compat.is_array_api_obj(v):
+            msg = (
+                f"{name} must be an aq.QuantizedTensor or an Array API array, got {type(v).__name__}; "
+                f"convert it with aq.asarray({name})"
+            )
+            raise ParamsError(msg)
+        xp = compat.array_namespace(v)
+        if not is_real_float(xp, v.dtype):
+            msg = f"{name} has dtype {v.dtype}; matmul with a quantized tensor needs a real floating array"
+            raise DTypeError(msg)
+    same_place(a=a, b=b)
+    sa, sb = _shape(a), _shape(b)
+    if not sa or not sb:
+        msg = f"matmul needs operands of at least one dimension, got shapes {sa} and {sb}"
+        raise ShapeError(msg)
+    k_b = sb[0] if len(sb) == 1 else sb[-2]
+    if sa[-1] != k_b:
+        msg = (
+            f"matmul inner dimensions differ: a has shape {sa} (last axis {sa[-1]}), b has shape {sb} "
+            f"({'only' if len(sb) == 1 else 'second-to-last'} axis {k_b}); they must be equal"
+        )
+        raise ShapeError(msg)
+    lead_a, lead_b = sa[:-2], sb[:-2]
+    for x, y in zip(reversed(lead_a), reversed(lead_b), strict=False):
+        if x != y and x != 1 and y != 1:
+            msg = f"matmul leading dimensions {lead_a} of a {sa} and {lead_b} of b {sb} do not broadcast"
+            raise ShapeError(msg)
+
+
+def _choose(a: Any, b: Any, path: str) -> str:
+    """The path to take; a forced path that does not apply is a SchemeError saying why."""
+    if path == "reference":
+        return path
+    why_ternary = _ternary_reason(a, b)
+    why_int8 = _int8_reason(a, b)
+    if path == "auto":
+        return "ternary" if not why_ternary else "int8" if not why_int8 else "reference"
+    why = why_ternary if path == "ternary" else why_int8
+    if not why:
+        return path
+    applies = "ternary" if not why_ternary else "int8" if not why_int8 else "reference"
+    msg = f"path={path!r} does not apply: {why}; path={applies!r} does (or path='auto')"
+    raise SchemeError(msg)
+
+
+def _integer_reason(qt: QuantizedTensor, name: str) -> str:
+    scheme = qt.scheme
+    if scheme.value.is_float:
+        return f"{name} holds {scheme.value.value} minifloat codes, not integers"
+    if scheme.mode is not QuantMode.SYMMETRIC or qt.table is not None:
+        return f"{name} uses a lookup table, not integer codes"
+    if scheme.is_two_level:
+        return f"{name} has a two-level scheme ({scheme}); only one scale level is applied after the integer sums"
+    return ""
+
+
+def _int8_reason(a: Any, b: Any) -> str:
+    """Why the exact-integer path does not apply, or ``""`` when it does."""
+    for name, v in (("a", a), ("b", b)):
+        if not isinstance(v, QuantizedTensor):
+            return f"it needs both operands quantized, and {name} is a float array"
+    for name, v in (("a", a), ("b", b)):
+        why = _integer_reason(v, name)
+        if why:
+            return why
+    dims_a = plan_for(a.scheme).block_dims(a.shape)
+    if dims_a and (dims_a[-1] != a.shape[-1] or any(d != 1 for d in dims_a[:-1])):
+        return (
+            f"a's blocks {dims_a} do not span its whole last axis ({a.shape[-1]}) one row at a time: its scale "
+            "changes along the contracted axis (use per-tensor or per-row scales, block size K)"
+        )
+    dims_b = plan_for(b.scheme).block_dims(b.shape)
+    k_axis = 0 if len(b.shape) == 1 else len(b.shape) - 2
+    if dims_b and any(d != (b.shape[k_axis] if i == k_axis else 1) for i, d in enumerate(dims_b)):
+        return (
+            f"b's blocks {dims_b} do not span its whole contracted axis ({b.shape[k_axis]}) one column at a "
+            "time: its scale changes along the contracted axis (use per-tensor or per-column scales, block K x 1)"
+        )
+    return ""
+
+
+def _ternary_reason(a: Any, b: Any) -> str:
+    """Why Burn's ternary path does not apply, or ``""`` when it does."""
+    if isinstance(a, QuantizedTensor):
+        return "it needs a float array a (the activations), and a is quantized"
+    if not isinstance(b, QuantizedTensor):
+        return "it needs a quantized b (a Q2S per-tensor weight), and b is a float array"
+    scheme = b.scheme
+    if scheme.value is not QuantValue.Q2S or scheme.mode is not QuantMode.SYMMETRIC or b.table is not None:
+        return f"it needs b quantized as Q2S (ternary codes -1, 0, 1), and b's scheme is {scheme}"
+    if scheme.block is not None:
+        return f"it needs one scale per tensor for b, and b's scheme is {scheme}"
+    if len(b.shape) != 2:
+        return f"it needs a 2-d b (K, N), and b has shape {b.shape}"
+    if compat.array_namespace(a).float32 != a.dtype:
+        return f"it adds float32 activations, and a has dtype {a.dtype}"
+    return ""
+
+
+# -- the reference path ---------------------------------------------------------------------------
+
+
+def _reference(a: Any, b: Any) -> Any:
+    """Dequantize into the float side's dtype (Burn's target dtype) and multiply the floats."""
+    fa = a if not isinstance(a, QuantizedTensor) else dequantize(a, None if isinstance(b, QuantizedTensor) else b.dtype)
+    fb = b if not isinstance(b, QuantizedTensor) else dequantize(b, None if isinstance(a, QuantizedTensor) else a.dtype)
+    xp = compat.array_namespace(fa, fb)
+    if fa.dtype != fb.dtype:  # two quantized operands of different float dtypes
+        dtype = xp.result_type(fa.dtype, fb.dtype)
+        fa, fb = xp.astype(fa, dtype), xp.astype(fb, dtype)
+    return xp.matmul(fa, fb)
+
+
+# -- the integer path -------------------------------------------------------------------------------
+
+
+def _code_bound(qt: QuantizedTensor) -> int:
+    plan = plan_for(qt.scheme)
+    return max(abs(plan.qmin), abs(plan.qmax))
+
+
+def _int8_sums(a: QuantizedTensor, b: QuantizedTensor) -> Any:
+    """The exact integer sums ``codes(a) @ codes(b)`` (int32 or int64), both operands at least 2-d.
+
+    Computed as f32 matmuls of the codes over slices of K short enough that no partial sum can pass
+    2^24: every product and every partial sum is then an integer an f32 holds exactly, whatever order
+    the library sums in (BLAS blocking, FMA, TF32 or bf16 input rounding on GPUs, which keep integers
+    up to 2^8 exact), so each slice is exact and runs at f32 matmul speed everywhere; the slices are
+    added as int32 (int64 when ``K * max|code a| * max|code b|`` could pass 2^31). NumPy's own integer
+    matmul is exact too but has no BLAS behind it (tens of times slower); a float64 matmul is exact
+    below 2^53 but moves twice the bytes and is missing on some devices.
+    """
+    xp = compat.array_namespace(a.values)
+    ca, cb = a.codes(), b.codes()
+    if len(a.shape) == 1:
+        ca = xp.reshape(ca, (1, a.shape[0]))
+    if len(b.shape) == 1:
+        cb = xp.reshape(cb, (b.shape[0], 1))
+    k = ca.shape[-1]
+    term = _code_bound(a) * _code_bound(b)
+    step = max(1, _F32_EXACT // term)
+    acc = xp.int32 if k * term <= _INT32_LIMIT else xp.int64
+    total = None
+    for k0 in range(0, k, step):
+        k1 = min(k, k0 + step)  # array-api-strict refuses out-of-bounds slice stops
+        part = xp.matmul(xp.astype(ca[..., k0:k1], xp.float32), xp.astype(cb[..., k0:k1, :], xp.float32))
+        part = xp.astype(part, acc)
+        total = part if total is None else total + part
+    return total
+
+
+def _int8(a: QuantizedTensor, b: QuantizedTensor) -> Any:
+    """``(f32(sums) * row scales of a) * column scales of b``, in the operands' promoted float dtype."""
+    xp = compat.array_namespace(a.values)
+    sums = _int8_sums(a, b)
+    # scale grids: a's (..., M, 1) or (1,); b's (..., 1, N) or (1,); 1-d operands were made 2-d above
+    sa = a.scales if len(a.shape) > 1 else xp.reshape(a.scales, (1, 1))
+    sb = b.scales if len(b.shape) > 1 else xp.reshape(b.scales, (1, 1))
+    out = (xp.astype(sums, xp.float32) * sa) * sb
+    if len(b.shape) == 1:
+        out = out[..., 0]
+    if len(a.shape) == 1:
+        out = out[..., 0, :] if len(b.shape) > 1 else out[..., 0]
+    dtype = xp.result_type(a.dtype, b.dtype)
+    return out if dtype == xp.float32 else xp.astype(out, dtype)
+
+
+# -- the ternary path -------------------------------------------------------------------------------
+
+
+def _ternary(a: Any, b: QuantizedTensor) -> Any:
+    """Burn's ``ternary_matmul``: per output, ± the activations in k order from +0.0, then ``* gamma``."""
+    from .. import fused
+
+    t = b.codes()
+    if fused.available():
+        from ..fused import numba_ternary
+
+        if not numba_ternary.supports(a, t):
+            return numba_ternary.ternary_matmul(a, t, b.scales)
+    return _ternary_portable(a, t, b.scales)
+
+
+def _ternary_portable(a: Any, t: Any, gamma: Any) -> Any:
+    """The k-ordered sums with Array API ops, bit for bit Burn's loop.
+
+    Burn adds ``x`` where the code is 1, subtracts it where -1 and skips 0. Here each step adds the
+    selected ``x``, ``-x`` or +0.0 instead: ``acc - x`` and ``acc + (-x)`` are the same IEEE operation,
+    and adding +0.0 changes nothing because the sum starts at +0.0 and round-to-nearest never
+    yields -0.0 from it (a sum is -0.0 only when both terms are). No multiplication until ``* gamma``.
+    """
+    xp = compat.array_namespace(a)
+    vector = a.ndim == 1
+    if vector:
+        a = xp.reshape(a, (1, a.shape[0]))
+    pos, neg = t == 1, t == -1
+    acc = xp.zeros((*a.shape[:-1], t.shape[1]), dtype=xp.float32, device=compat.device(a))
+    zero = xp.zeros_like(acc)
+    for k in range(t.shape[0]):
+        x = a[..., k : k + 1]
+        acc = acc + xp.where(pos[k, :], x, xp.where(neg[k, :], -x, zero))
+    out = acc * gamma
+    return out[0, :] if vector else out

@@ -50,10 +50,11 @@ An element passes when equal, both NaN, both infinite with one sign, or
 
 Backends
 --------
-Every vector runs on NumPy. array-api-strict, torch, JAX and Dask each run a deterministic subset:
-the first vector of every Burn file and of every Burn operation (so each file and each operation
-runs at least once on each backend); Dask runs it only for operations with a lazy form (not
-the data-dependent ``mask_select``, ``sort``/``argsort``/``topk``, ``split``/``chunk``, ``gather``).
+Every vector runs on NumPy. array-api-strict, torch, JAX and Dask each run a deterministic subset
+by default: the first vector of every Burn file and of every Burn operation (so each file and each
+operation runs at least once on each backend); ``-m slow`` runs all the others on them too.
+Dask runs only the operations with a lazy form (not the data-dependent ``mask_select``,
+``sort``/``argsort``/``topk``, ``gather``).
 
 Excluded
 --------
@@ -542,7 +543,7 @@ def test_burn_vector_numpy(vector: dict[str, Any], np_xp: Any) -> None:
     assert run_program(vector, np_xp) > 0
 
 
-_NOT_LAZY = ("mask_select", "sort", "argsort", "topk", "split", "chunk", "gather")
+_NOT_LAZY = ("mask_select", "sort", "argsort", "topk", "gather")
 
 
 def _sample() -> list[dict[str, Any]]:
@@ -575,6 +576,21 @@ def test_burn_vector_backend(vector: dict[str, Any], backend: str) -> None:
     pytest.importorskip(backend)
     xp = conftest._make(conftest.Backend(backend))
     assert run_program(vector, xp) > 0
+
+
+# the rest of the vectors on every backend: opt-in (-m slow), run once and reported
+REST_CASES = [
+    (v, b)
+    for b in ("array_api_strict", "torch", "jax", "dask")
+    for v in VECTORS
+    if v not in SAMPLE and not (b == "dask" and any(w in v["op"] for w in _NOT_LAZY))
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("vector", "backend"), REST_CASES, ids=[f"{b}-{v['id']}" for v, b in REST_CASES])
+def test_burn_vector_every_backend(vector: dict[str, Any], backend: str) -> None:
+    test_burn_vector_backend(vector, backend)
 
 
 def test_empty_mask_select_is_a_typed_error() -> None:

@@ -203,10 +203,15 @@ def test_getitem(scheme: str, key: tuple, exact: bool) -> None:
 
 
 def test_getitem_errors() -> None:
-    # an int on a blocked axis requantizes with the input's scheme, whose 2-d block has no rank-1 form
-    with pytest.raises(ShapeError, match=r"block \[2, 16\] has 2 extents but the data has rank 1"):
-        layout.getitem(q("q8s:block2x16"), 0)
-    assert not layout.is_exact("getitem", q("q8s:block2x16"), 0)
+    # an int on a blocked axis requantizes; the 2-d block has no rank-1 form, so the result keeps
+    # the block's extent along the remaining axis (the scheme fitted to the rank)
+    qt2 = q("q8s:block2x16")
+    row = layout.getitem(qt2, 0)
+    assert not layout.is_exact("getitem", qt2, 0)
+    assert str(row.scheme) == "q8s:block16:f32"
+    want = aq.quantize(np.asarray(aq.dequantize(qt2))[0], "q8s:block16:f32")
+    np.testing.assert_array_equal(row.values, want.values)
+    np.testing.assert_array_equal(row.scales, want.scales)
     qt = q("q8s")
     with pytest.raises(ShapeError, match="index 4 is out of range for axis 0 of length 4"):
         layout.getitem(qt, 4)
@@ -617,3 +622,30 @@ def test_backends_match_numpy(backend: str, scheme: str) -> None:
     else:
         got = layout.take_along_axis(q("q8s").to_backend(backend), [[0], [1], [2], [3]], 1)
         np.testing.assert_array_equal(n(got.codes())[:, 0], n(q("q8s").codes())[[0, 1, 2, 3], [0, 1, 2, 3]])
+
+
+def test_bad_index_arrays_are_typed_errors() -> None:
+    qt = aq.quantize(np.ones((4, 64), np.float32), "q8s")
+    with pytest.raises(ShapeError, match=r"indices of shape \(3, 2\) do not fit a tensor of shape \(4, 64\): axis 0"):
+        layout.take_along_axis(qt, np.zeros((3, 2), np.int64), 1)
+    with pytest.raises(ShapeError, match="take indices must be an integer array or a nested list of ints of one shape"):
+        layout.take(qt, [[0], [1, 2]], 0)
+    with pytest.raises(DTypeError, match="take indices must be an integer array, got a QuantizedTensor"):
+        layout.take(qt, qt, 0)
+    with pytest.raises(ShapeError, match=r"is_exact\('reshape', \.\.\.\) got arguments reshape does not take"):
+        layout.is_exact("reshape", qt)
+    # indices that broadcast over the other axes are fine, as in the Array API
+    got = layout.take_along_axis(qt, np.zeros((1, 2), np.int64), 1)
+    assert got.shape == (4, 2)
+
+
+def test_concat_of_different_float_dtypes_requantizes() -> None:
+    # one scheme, but the floats they stand for differ in dtype: the codes cannot simply be joined
+    a = aq.quantize(np.array([0.1, 1.0], np.float32), "q8s")
+    b = aq.quantize(np.array([0.1, 1.0], np.float16), "q8s")
+    assert not layout.is_exact("concat", [a, b])
+    joined = np.concatenate([aq.dequantize(a), aq.dequantize(b)])
+    got = layout.concat([a, b])
+    want = aq.quantize(joined, "q8s")
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(got.scales, want.scales)

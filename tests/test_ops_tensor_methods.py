@@ -86,3 +86,17 @@ def test_numpy_functions_do_not_silently_wrap_the_tensor() -> None:
         np.add(np.ones((4, 64), np.float32), qt)
     with pytest.raises(TypeError, match=r"aq\.dequantize\(qt\)"):
         np.asarray(qt)
+
+
+@pytest.mark.parametrize("scheme", ["q8s", "q4s:block2:f16", "nvfp4"])
+def test_jax_jit_closes_over_a_quantized_weight(scheme: str) -> None:
+    # the usual way to jit a layer: the weight is built outside and captured, its arrays concrete
+    jax = pytest.importorskip("jax")
+    w = np.random.default_rng(11).standard_normal((4, 16)).astype(np.float32)
+    qt = aq.quantize(w, scheme).to_backend("jax")
+    x = jax.numpy.asarray(np.random.default_rng(12).standard_normal((3, 4)).astype(np.float32))
+    deq = np.asarray(aq.dequantize(qt))
+    got = jax.jit(lambda v: v @ qt)(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(x) @ deq, rtol=1e-5, atol=1e-5)
+    part = jax.jit(lambda v: aq.ops.add(qt.T[:, :2], v[:1, :2]))(x)  # exact layout ops, then floats
+    np.testing.assert_allclose(np.asarray(part), deq.T[:, :2] + np.asarray(x)[:1, :2], rtol=1e-6)

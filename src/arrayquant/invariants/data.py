@@ -102,11 +102,22 @@ def check_shape(shape: Any, name: str = "shape") -> tuple[int, ...]:
     return dims
 
 
+def _traced(a: Any) -> bool:
+    return any(c.__name__.endswith("Tracer") for c in type(a).__mro__)
+
+
 def can_read(x: Any) -> bool:
-    """Whether value checks may read ``x`` now (not a dask graph, not a traced jax value)."""
+    """Whether value checks may read ``x`` now (not a dask graph, not a traced jax value).
+
+    A concrete jax array used inside ``jax.jit`` (a tensor the traced function closes over) is
+    readable itself, but every result computed from it there is traced: it counts as unreadable.
+    """
     if not compat.is_lazy_array(x):
         return True
-    return compat.is_jax_array(x) and not any(c.__name__.endswith("Tracer") for c in type(x).__mro__)
+    if not compat.is_jax_array(x) or _traced(x):
+        return False
+    # inside a trace even a new constant is traced (one scalar, whatever the size of x)
+    return not _traced(compat.array_namespace(x).zeros(()))
 
 
 def check_same_place(xp: Any, device: Any, **arrays: Any) -> None:
@@ -125,7 +136,8 @@ def check_same_place(xp: Any, device: Any, **arrays: Any) -> None:
             )
             raise DeviceError(msg)
         here = compat.device(arr)
-        if here != device:
+        # a value traced by jax.jit has no device (None): only concrete devices can disagree
+        if here != device and here is not None and device is not None:
             msg = (
                 f"{name} is on device {here!r} but the data is on {device!r}; "
                 f"move it with aq.asarray({name}, device=...) so both are on one device"

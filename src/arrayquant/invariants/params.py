@@ -61,7 +61,8 @@ def check_scale_values(arr: Any, name: str, xp: Any) -> None:
     if flat.shape[0] == 0:
         return
     # two reductions, no grid-sized temporaries (min and max propagate NaN); the masks only on failure
-    if bool(xp.min(flat) >= 0) and bool(xp.max(flat) < math.inf):
+    ok = xp.logical_and(xp.min(flat) >= 0, xp.max(flat) < math.inf)
+    if not can_read(ok) or bool(ok):  # unreadable: concrete scales used inside a jax.jit trace
         return
     bad = xp.logical_or(xp.logical_not(xp.isfinite(flat)), flat < 0)
     if bool(xp.any(bad)):

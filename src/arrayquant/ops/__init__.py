@@ -11,8 +11,8 @@ What each operation returns follows Burn's rules for quantized tensors:
   ``propagation="inhibit"`` (the default, as in Burn) returns floats, ``"propagate"`` quantizes
   the result again with the input's scheme.
 * **math functions, comparisons and masks** return floats, booleans or indices; ``abs``, ``max``,
-  ``min``, ``sort`` and ``topk`` always return quantized tensors (exact selections of the codes
-  for one scale per tensor).
+  ``min``, ``sort``, ``topk`` and ``mask_select`` always return quantized tensors (all but ``abs``
+  select the stored codes exactly for one scale per tensor; ``abs`` is requantized, as Burn's).
 * **matmul** (:mod:`.linalg`) with either side quantized: dequantize and multiply, an exact
   integer path for integer schemes scaled per tensor or per row/column, and an add/subtract path
   for ternary (Q2S per tensor) weights.

@@ -8,6 +8,7 @@ input's scheme (the left operand's for two operands), its scales found afresh by
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import array_api_compat as compat
@@ -16,9 +17,10 @@ from ..dequantize import dequantize
 from ..errors import SchemeError
 from ..invariants.data import check_same_place
 from ..quantize import quantize
+from ..scheme import BlockSize, QuantScheme
 from ..tensor import QuantizedTensor
 
-__all__ = ["PROPAGATIONS", "check_propagation", "floats", "operand", "requantize", "same_place"]
+__all__ = ["PROPAGATIONS", "check_propagation", "fit_scheme", "floats", "operand", "requantize", "same_place"]
 
 PROPAGATIONS = ("inhibit", "propagate")
 
@@ -44,9 +46,31 @@ def operand(v: Any) -> Any:
     return floats(v) if isinstance(v, QuantizedTensor) else v
 
 
+def fit_scheme(scheme: QuantScheme, rank: int) -> QuantScheme:
+    """``scheme`` for data of ``rank`` axes: the block's leading extents beyond the rank dropped,
+    and a store packing an axis the data lacks packing the last one instead.
+
+    A result can have fewer axes than its input (``qt[0]``, a reduction, a matrix-vector product);
+    the nearest scheme keeps the value, the scale dtypes and the block along the remaining axes.
+    """
+    out = scheme
+    block = scheme.block_size
+    if block is not None and len(block.dims) > rank and scheme.block_scale is not None:
+        out = out.per_block(BlockSize(block.dims[len(block.dims) - rank :]), scheme.block_scale)
+    if out.store.is_packed and out.store.dim >= rank:
+        out = out.with_store(dataclasses.replace(out.store, dim=0))
+    return out
+
+
 def requantize(y: Any, like: QuantizedTensor) -> QuantizedTensor:
-    """``y`` quantized with ``like``'s scheme (and table), its scales found by MinMax, as Burn does."""
-    return quantize(y, like.scheme, table=like.table)
+    """``y`` quantized with ``like``'s scheme (and table), its scales found by MinMax, as Burn does.
+
+    A 0-d ``y`` becomes shape ``(1,)`` (Burn's full reductions); the scheme is fitted to ``y``'s rank
+    (:func:`fit_scheme`).
+    """
+    if y.ndim == 0:
+        y = compat.array_namespace(y).reshape(y, (1,))
+    return quantize(y, fit_scheme(like.scheme, y.ndim), table=like.table)
 
 
 def same_place(**operands: Any) -> None:

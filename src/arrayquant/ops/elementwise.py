@@ -38,7 +38,7 @@ from typing import Any
 import array_api_compat as compat
 
 from ..backends.shim import quiet, quietly
-from ..errors import BackendUnavailableError, DTypeError, SchemeError, ShapeError
+from ..errors import BackendUnavailableError, DTypeError, ShapeError
 from ..invariants import can_read, plan_for
 from ..storage import pack
 from ..tensor import QuantizedTensor
@@ -1154,7 +1154,7 @@ def mask_select(x: QuantizedTensor, mask: Any, /) -> QuantizedTensor:
     ------
     ShapeError
         A mask of another shape; a mask that selects nothing (Burn returns an empty tensor, but a
-        QuantizedTensor has at least one element); a block scheme with blocks of more than one axis.
+        QuantizedTensor has at least one element).
     DTypeError
         ``x`` not quantized, or a mask that is not a bool array.
     DeviceError
@@ -1191,16 +1191,8 @@ def mask_select(x: QuantizedTensor, mask: Any, /) -> QuantizedTensor:
     if _per_tensor(qt):
         # Burn's route, exact here: a row-major reshape and a take keep the codes and the scale
         return layout.take(layout.reshape(qt, (n,)), idx, axis=0)
-    picked = xp.take(xp.reshape(floats(qt), (n,)), idx, axis=0)
-    try:
-        return requantize(picked, qt)
-    except (ShapeError, SchemeError) as err:
-        msg = (
-            f"mask_select: the selected values are 1-d and cannot be quantized again with x's block "
-            f"scheme {qt.scheme} ({err}); use a per-tensor scheme or blocks along one axis, or "
-            "dequantize first"
-        )
-        raise ShapeError(msg) from err
+    # blocks: the 1-d selection quantized again, the scheme fitted to one axis (its last extent)
+    return requantize(xp.take(xp.reshape(floats(qt), (n,)), idx, axis=0), qt)
 
 
 # -- always quantized -----------------------------------------------------------------------------

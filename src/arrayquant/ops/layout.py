@@ -69,6 +69,7 @@ BlockSize((16, 1))
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -695,8 +696,15 @@ def flip(qt: QuantizedTensor, axis: int | Sequence[int] | None = None) -> Quanti
 # -- take / gather / repeat ---------------------------------------------------------------------
 def _indices(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
     xp = _xp(qt)
+    if isinstance(indices, QuantizedTensor):
+        msg = f"{what} indices must be an integer array, got a QuantizedTensor"
+        raise DTypeError(msg)
     if not compat.is_array_api_obj(indices):
-        indices = xp.asarray(indices, device=qt.device)
+        try:
+            indices = xp.asarray(indices, device=qt.device)
+        except (ValueError, TypeError) as e:  # ragged lists, objects
+            msg = f"{what} indices must be an integer array or a nested list of ints of one shape: {e}"
+            raise ShapeError(msg) from None
     same_place(qt=qt, indices=indices)
     if not xp.isdtype(indices.dtype, "integral"):
         msg = f"{what} indices must be an integer array, got dtype {indices.dtype}"
@@ -770,6 +778,13 @@ def _plan_take_along_axis(qt: QuantizedTensor, indices: Any, axis: Any = -1) -> 
     if idx.ndim != rank:
         msg = f"take_along_axis indices must have the tensor's rank {rank}, got shape {tuple(idx.shape)}"
         raise ShapeError(msg)
+    for d in range(rank):  # every other axis broadcasts against the tensor's
+        if d != ax and idx.shape[d] not in (1, qt.shape[d]):
+            msg = (
+                f"take_along_axis indices of shape {tuple(idx.shape)} do not fit a tensor of shape {qt.shape}: "
+                f"axis {d} must have length 1 or {qt.shape[d]}"
+            )
+            raise ShapeError(msg)
     _check_result_shape([int(n) for n in idx.shape], "take_along_axis")
     data = lambda a: xp.take_along_axis(a, idx, axis=ax)
     bd = _block_dims(qt)
@@ -995,6 +1010,8 @@ def _shareable(qts: list[QuantizedTensor], xp: Any) -> bool:
     for q in qts[1:]:
         if q.scheme != first.scheme or not _same(q.global_scale, first.global_scale, xp):
             return False
+        if q.dtype != first.dtype:  # the floats stood for differ: the fallback promotes them
+            return False
         if not _same(q.table, first.table, xp):
             return False
         if first.scheme.block_size is None and not _same(q.scales, first.scales, xp):
@@ -1166,9 +1183,13 @@ def is_exact(name: str, qt: Any, *args: Any, **kwargs: Any) -> bool:
     >>> is_exact("narrow", qt, 1, 32, 32), is_exact("narrow", qt, 1, 16, 32), is_exact("take", qt, [0], 1)
     (True, False, False)
     """
-    if name in _OTHERS:
-        return _OTHERS[name](qt, *args, **kwargs)
-    if name not in _PLANS:
+    if name not in _PLANS and name not in _OTHERS:
         msg = f"unknown layout operation {name!r}; use one of {', '.join(sorted([*_PLANS, *_OTHERS]))}"
         raise SchemeError(msg)
-    return _PLANS[name](_check_qt(qt), *args, **kwargs).exact
+    plan = _OTHERS[name] if name in _OTHERS else lambda q, *a, **k: _PLANS[name](_check_qt(q), *a, **k).exact
+    try:
+        inspect.signature(plan if name in _OTHERS else _PLANS[name]).bind(qt, *args, **kwargs)
+    except TypeError as e:
+        msg = f"is_exact({name!r}, ...) got arguments {name} does not take: {e}"
+        raise ShapeError(msg) from None
+    return bool(plan(qt, *args, **kwargs))

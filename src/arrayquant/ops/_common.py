@@ -9,18 +9,28 @@ input's scheme (the left operand's for two operands), its scales found afresh by
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import array_api_compat as compat
 
 from ..dequantize import dequantize
-from ..errors import SchemeError
-from ..invariants.data import check_same_place
+from ..errors import DTypeError, SchemeError, ShapeError
+from ..invariants.data import can_read, check_same_place
 from ..quantize import quantize
 from ..scheme import BlockSize, QuantScheme
 from ..tensor import QuantizedTensor
 
-__all__ = ["PROPAGATIONS", "check_propagation", "fit_scheme", "floats", "operand", "requantize", "same_place"]
+__all__ = [
+    "PROPAGATIONS",
+    "check_propagation",
+    "fit_scheme",
+    "floats",
+    "operand",
+    "positions",
+    "requantize",
+    "same_place",
+]
 
 PROPAGATIONS = ("inhibit", "propagate")
 
@@ -80,3 +90,31 @@ def same_place(**operands: Any) -> None:
     if first is None:
         return
     check_same_place(compat.array_namespace(first), compat.device(first), **arrays)
+
+
+def positions(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
+    """Integer ``indices`` into an axis of length ``n``, in ``[-n, n)``, as non-negative positions.
+
+    A list is taken into ``qt``'s namespace; the range is checked where the indices can be read now.
+    """
+    xp = compat.array_namespace(qt.values)
+    if isinstance(indices, QuantizedTensor):
+        msg = f"{what} indices must be an integer array, got a QuantizedTensor"
+        raise DTypeError(msg)
+    if not compat.is_array_api_obj(indices):
+        try:
+            indices = xp.asarray(indices, device=qt.device)
+        except (ValueError, TypeError) as e:  # ragged lists, objects
+            msg = f"{what} indices must be an integer array or a nested list of ints of one shape: {e}"
+            raise ShapeError(msg) from None
+    same_place(qt=qt, indices=indices)
+    if not xp.isdtype(indices.dtype, "integral"):
+        msg = f"{what} indices must be an integer array, got dtype {indices.dtype}"
+        raise DTypeError(msg)
+    if can_read(indices) and math.prod(indices.shape) and bool(xp.any((indices < -n) | (indices >= n))):
+        msg = f"{what} indices must lie in [{-n}, {n}) for an axis of length {n}"
+        raise ShapeError(msg)
+    idx = xp.astype(
+        indices, xp.asarray(0, device=qt.device).dtype
+    )  # the default int: int64, or int32 on JAX without x64
+    return xp.where(idx < 0, idx + n, idx)

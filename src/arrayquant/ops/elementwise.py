@@ -39,11 +39,11 @@ import array_api_compat as compat
 
 from ..backends.shim import quiet, quietly
 from ..errors import BackendUnavailableError, DTypeError, ShapeError
-from ..invariants import can_read, plan_for
+from ..invariants import plan_for
 from ..storage import pack
 from ..tensor import QuantizedTensor
 from . import layout
-from ._common import check_propagation, floats, operand, requantize, same_place
+from ._common import check_propagation, floats, operand, positions, requantize, same_place
 
 __all__ = [
     "abs",
@@ -211,14 +211,6 @@ def _finish(result: Any, like: QuantizedTensor, propagation: str) -> Any:
     return requantize(result, like)
 
 
-def _quietly(fn: Callable[..., Any], *arrays: Any) -> Any:
-    """``fn(xp, *arrays)`` without NumPy's floating-point warnings (lazily per block on Dask).
-
-    why: Burn is silent where NumPy warns (log(0) = -inf, 1/0 = inf, sqrt(-1) = NaN).
-    """
-    return quietly(fn, *arrays)
-
-
 def _document(functions: tuple[Callable[..., Any], ...], doc: str) -> None:
     """Append the shared Parameters/Returns/Raises text to each function's docstring."""
     for fn in functions:
@@ -235,7 +227,7 @@ def _flow_binary(fn: Callable[[Any, Any, Any], Any], x1: Any, x2: Any, propagati
     names = ("x1", "x2")
     quantized = _operands(names, (x1, x2))
     a, b = _float_args((x1, x2), quantized[0])
-    out = _quietly(fn, a, b)
+    out = quietly(fn, a, b)
     # why: Burn dequantizes a quantized operand met with a float tensor and returns floats
     mixed = builtins.any(not isinstance(v, (QuantizedTensor, *_SCALARS)) for v in (x1, x2))
     return out if mixed else _finish(out, quantized[0], mode)
@@ -244,7 +236,7 @@ def _flow_binary(fn: Callable[[Any, Any, Any], Any], x1: Any, x2: Any, propagati
 def _float_binary(fn: Callable[[Any, Any, Any], Any], x1: Any, x2: Any) -> Any:
     quantized = _operands(("x1", "x2"), (x1, x2))
     a, b = _float_args((x1, x2), quantized[0])
-    return _quietly(fn, a, b)
+    return quietly(fn, a, b)
 
 
 _FLOW_DOC = """
@@ -386,7 +378,7 @@ def minimum(x1: Any, x2: Any, /) -> Any:
 
 # -- one operand, float result --------------------------------------------------------------------
 def _float_unary(fn: Callable[[Any, Any], Any], x: Any) -> Any:
-    return _quietly(fn, floats(_require_quantized(x)))
+    return quietly(fn, floats(_require_quantized(x)))
 
 
 def exp(x: QuantizedTensor, /) -> Any:
@@ -515,7 +507,7 @@ def erf(x: QuantizedTensor, /) -> Any:
     >>> bool(np.max(np.abs(erf(qt) - np.array([0.0, math.erf(1.0)]))) < 2e-7)
     True
     """
-    return _quietly(lambda xp, f: _erf_array(f), floats(_require_quantized(x)))
+    return quietly(lambda xp, f: _erf_array(f), floats(_require_quantized(x)))
 
 
 # -- one operand, propagation ---------------------------------------------------------------------
@@ -887,21 +879,6 @@ def _update_values(values: Any, qt: QuantizedTensor, name: str = "values") -> An
     return xp.astype(v, ref.dtype) if v.dtype != ref.dtype else v
 
 
-def _update_indices(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
-    """Integer ``indices`` in ``[-n, n)`` as non-negative positions (checked where they can be read)."""
-    xp = compat.array_namespace(qt.values)
-    if not compat.is_array_api_obj(indices):
-        indices = xp.asarray(indices, device=qt.device)
-    same_place(x=qt, indices=indices)
-    if not xp.isdtype(indices.dtype, "integral"):
-        msg = f"{what} indices must be an integer array, got dtype {indices.dtype}"
-        raise DTypeError(msg)
-    if can_read(indices) and math.prod(indices.shape) and bool(xp.any((indices < -n) | (indices >= n))):
-        msg = f"{what} indices must lie in [{-n}, {n}) for an axis of length {n}"
-        raise ShapeError(msg)
-    return xp.where(indices < 0, indices + n, indices)
-
-
 def _one_hot_sum(xp: Any, v: Any, idx: Any, n: int) -> Any:
     """``out[..., j] = sum of v[..., k] where idx[..., k] == j``, shape ``(..., n)``.
 
@@ -955,7 +932,7 @@ def scatter_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) 
     shape = tuple(qt.shape)
     ax = _one_axis(axis, len(shape))
     v = _update_values(values, qt)
-    idx = _update_indices(qt, indices, shape[ax], "scatter_add")
+    idx = positions(qt, indices, shape[ax], "scatter_add")
     if tuple(idx.shape) != tuple(v.shape):
         msg = f"scatter_add indices {list(idx.shape)} and values {list(v.shape)} must have the same shape"
         raise ShapeError(msg)
@@ -1013,7 +990,7 @@ def index_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) ->
     shape = tuple(qt.shape)
     ax = _one_axis(axis, len(shape))
     v = _update_values(values, qt)
-    idx = _update_indices(qt, indices, shape[ax], "index_add")
+    idx = positions(qt, indices, shape[ax], "index_add")
     if len(idx.shape) != 1:
         msg = f"index_add indices must be 1-d, got shape {list(idx.shape)}"
         raise ShapeError(msg)

@@ -79,11 +79,11 @@ from typing import Any
 import array_api_compat as compat
 
 from ..errors import BackendUnavailableError, DTypeError, SchemeError, ShapeError
-from ..invariants import can_read, plan_for
+from ..invariants import plan_for
 from ..scheme import BlockSize, QuantScheme, QuantStore
 from ..storage import pack
 from ..tensor import QuantizedTensor
-from ._common import floats, requantize, same_place
+from ._common import floats, positions, requantize, same_place
 
 __all__ = [
     "broadcast_to",
@@ -207,7 +207,7 @@ def _lines_up(qt: QuantizedTensor, sources: Sequence[int | None]) -> bool:
 
 def _own(a: Any, xp: Any) -> Any:
     """A copy that owns its memory (a broadcast view would be read-only and strided)."""
-    return xp.asarray(a, copy=True)
+    return xp.asarray(a, copy=True, device=compat.device(a))
 
 
 def _run(qt: QuantizedTensor, m: _Move) -> QuantizedTensor:
@@ -694,28 +694,6 @@ def flip(qt: QuantizedTensor, axis: int | Sequence[int] | None = None) -> Quanti
 
 
 # -- take / gather / repeat ---------------------------------------------------------------------
-def _indices(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
-    xp = _xp(qt)
-    if isinstance(indices, QuantizedTensor):
-        msg = f"{what} indices must be an integer array, got a QuantizedTensor"
-        raise DTypeError(msg)
-    if not compat.is_array_api_obj(indices):
-        try:
-            indices = xp.asarray(indices, device=qt.device)
-        except (ValueError, TypeError) as e:  # ragged lists, objects
-            msg = f"{what} indices must be an integer array or a nested list of ints of one shape: {e}"
-            raise ShapeError(msg) from None
-    same_place(qt=qt, indices=indices)
-    if not xp.isdtype(indices.dtype, "integral"):
-        msg = f"{what} indices must be an integer array, got dtype {indices.dtype}"
-        raise DTypeError(msg)
-    if can_read(indices) and math.prod(indices.shape) and bool(xp.any((indices < -n) | (indices >= n))):
-        msg = f"{what} indices must lie in [{-n}, {n}) for an axis of length {n}"
-        raise ShapeError(msg)
-    idx = xp.astype(indices, xp.asarray(0).dtype)  # the default int: int64, or int32 on JAX without x64
-    return xp.where(idx < 0, idx + n, idx)
-
-
 def _plan_take(qt: QuantizedTensor, indices: Any, axis: Any = None) -> _Move:
     rank = len(qt.shape)
     if axis is None:
@@ -724,7 +702,7 @@ def _plan_take(qt: QuantizedTensor, indices: Any, axis: Any = None) -> _Move:
             raise ShapeError(msg)
         axis = 0
     ax = _axis(axis, rank)
-    idx = _indices(qt, indices, qt.shape[ax], "take")
+    idx = positions(qt, indices, qt.shape[ax], "take")
     if idx.ndim != 1 or idx.shape[0] == 0:
         msg = f"take indices must be a non-empty 1-d array, got shape {tuple(idx.shape)}"
         raise ShapeError(msg)
@@ -774,7 +752,7 @@ def _plan_take_along_axis(qt: QuantizedTensor, indices: Any, axis: Any = -1) -> 
     if compat.is_dask_namespace(xp):
         msg = "take_along_axis (Burn's gather) has no lazy form on Dask; compute the tensor first (to_backend('numpy'))"
         raise BackendUnavailableError(msg)
-    idx = _indices(qt, indices, qt.shape[ax], "take_along_axis")
+    idx = positions(qt, indices, qt.shape[ax], "take_along_axis")
     if idx.ndim != rank:
         msg = f"take_along_axis indices must have the tensor's rank {rank}, got shape {tuple(idx.shape)}"
         raise ShapeError(msg)

@@ -532,6 +532,8 @@ def quantize_model_folder(
     if summary.skipped_files:
         names = ", ".join(map(shown, summary.skipped_files))
         print(f"not copied: {names} (float weights in another format, which an engine could load instead)")
+    for name, why in sorted(summary.refused_files.items()):
+        print(f"not copied: {shown(name)} ({why})")
     print(f"wrote {shown(dst)} ({len(summary.shards)} weight file(s), config.json with its quantization_config)")
     return 0
 
@@ -565,6 +567,7 @@ def quantize_format_file(
 
     module = format_module(kind)
     _output_folder(dst)
+    _not_the_input(src, dst)
     vectors = _importance_for(src, importance)
     tqdm = _tqdm()
     with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:

@@ -36,12 +36,13 @@ import array_api_compat as compat
 import numpy as np
 
 from ..backends import dask_graph, default, shim
-from ..errors import BackendUnavailableError, DTypeError, SchemeError, ShapeError
+from ..errors import BackendUnavailableError, CorruptDataError, DTypeError, SchemeError, ShapeError
 from ..invariants import Plan, check_params, check_shape, plan_for
 from ..scheme import QParams, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor, dtype_name
 from .burn import encode_scales
+from .paths import read_json
 from .reader import (
     _FORMAT_KEY,
     _PLAIN,
@@ -530,10 +531,11 @@ def is_compressed_tensors(path: Path) -> bool:
     config = path.parent / "config.json"
     if not config.is_file():
         return stored
-    try:
-        qc = json.loads(config.read_text()).get("quantization_config")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+    try:  # a config.json that cannot be read describes nothing: the file is read by itself
+        found = read_json(config, "a model config")
+    except (CorruptDataError, OSError):
         return stored
+    qc = found.get("quantization_config") if isinstance(found, dict) else None
     return stored or (isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors")
 
 

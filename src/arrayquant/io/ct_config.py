@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import CorruptDataError, ShapeError
+from .patterns import check_pattern
 
 __all__ = [
     "CT_VERSION",
@@ -174,6 +175,10 @@ def weight_groups(config: Mapping[str, Any]) -> list[tuple[str, list[str], dict[
     if not isinstance(groups, Mapping) or not groups:
         msg = "quantization_config has no config_groups; a compressed-tensors model names at least one"
         raise CorruptDataError(msg)
+    ignore = config.get("ignore") or []
+    if not isinstance(ignore, list):
+        msg = f"quantization_config has an ignore of type {type(ignore).__name__}; it is a list of module names"
+        raise CorruptDataError(msg)
     out = []
     for key, group in groups.items():
         if not isinstance(group, Mapping):
@@ -191,6 +196,8 @@ def weight_groups(config: Mapping[str, Any]) -> list[tuple[str, list[str], dict[
         if not isinstance(fmt, str) or not isinstance(targets, list) or not isinstance(weights, Mapping):
             msg = f"quantization_config group {key!r} lacks a format, its targets or its weights arguments"
             raise CorruptDataError(msg)
+        for target in (*targets, *ignore):
+            check_pattern(str(target))  # a broken or unbounded pattern is refused before any weight is read
         out.append((fmt, [str(t) for t in targets], dict(weights)))
     return out
 

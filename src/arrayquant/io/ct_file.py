@@ -142,7 +142,7 @@ def file_quantization_config(path: str | os.PathLike[str]) -> dict[str, Any] | N
         return None
     try:
         config = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         msg = f"{path}: the metadata's {CONFIG_KEY} is not JSON ({exc})"
         raise CorruptDataError(msg) from None
     if not isinstance(config, dict):

@@ -320,7 +320,7 @@ def _check_args(fmt: str, args: Mapping[str, Any]) -> tuple[int, str, int | None
     kind = args.get("type", "int")
     strategy = args.get("strategy")
     group = args.get("group_size")
-    if kind != "int" or bits not in _FULL:
+    if kind != "int" or type(bits) is not int or bits not in _FULL:
         msg = f"weights of type {kind!r} with {bits!r} bits do not map; arrayquant holds int weights of 2, 4 or 8 bits"
         raise SchemeError(msg)
     if not args.get("symmetric", True):

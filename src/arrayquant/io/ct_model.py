@@ -42,6 +42,8 @@ from .checkpoint import save_stream
 from .ct_config import modules_quantization_config, quantization_config, weight_groups
 from .ct_formats import read_weight, weight_format
 from .ct_stream import quantize_entry
+from .paths import copy_folder, read_json, shard_name
+from .patterns import matches
 from .reader import SafetensorsFile
 
 __all__ = [
@@ -74,24 +76,16 @@ class ModelSummary:
     left_out: dict[str, str] = field(default_factory=dict)  # module -> reason
     copied_files: list[str] = field(default_factory=list)
     skipped_files: list[str] = field(default_factory=list)  # float weights of other formats, not copied
+    refused_files: dict[str, str] = field(default_factory=dict)  # not regular files, not copied -> why
     shards: list[str] = field(default_factory=list)
-
-
-def _read_json(path: Path, what: str) -> Any:
-    """The JSON in ``path`` (UTF-8, as Hugging Face writes it); :class:`CorruptDataError` if it is not."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        msg = f"{path} is not JSON ({what}): {exc}"
-        raise CorruptDataError(msg) from None
 
 
 def _model_config(folder: Path) -> dict[str, Any]:
     """The folder's ``config.json`` as a dict; ``{}`` without one."""
     path = folder / CONFIG
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
-    config = _read_json(path, "a model config")
+    config = read_json(path, "a model config")
     if not isinstance(config, dict):
         msg = f"{path} holds a JSON {type(config).__name__}, not the object of a model config"
         raise CorruptDataError(msg)
@@ -101,23 +95,28 @@ def _model_config(folder: Path) -> dict[str, Any]:
 def weight_files(folder: Path) -> tuple[list[str], bool]:
     """The weight shards of a model folder in order, and whether an index lists them.
 
+    Every name the index gives is checked before anything is opened (see
+    :func:`~arrayquant.io.paths.shard_name`): a bare file name that is a regular file of the folder.
+
     Raises
     ------
     ShapeError
         A folder with no ``model.safetensors`` and no index (the model must be in safetensors).
     CorruptDataError
-        An index that is not JSON or has no ``weight_map``.
+        An index that is not JSON, has no ``weight_map``, or names a shard outside the folder, a
+        missing one, or one that is not a regular file.
     """
     index = folder / INDEX
-    if index.is_file():
-        found = _read_json(index, "a safetensors index")
+    if os.path.lexists(index):
+        found = read_json(index, "a safetensors index")
         weight_map = found.get("weight_map") if isinstance(found, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             msg = f"{index} has no weight_map; it is not a safetensors index"
             raise CorruptDataError(msg)
-        return list(dict.fromkeys(str(v) for v in weight_map.values())), True
-    if (folder / SINGLE).is_file():
-        return [SINGLE], False
+        names = dict.fromkeys(weight_map.values())
+        return [shard_name(folder, name, index) for name in names], True
+    if os.path.lexists(folder / SINGLE):
+        return [shard_name(folder, SINGLE, folder / SINGLE)], False
     msg = f"{folder} holds neither {SINGLE} nor {INDEX}; save the model with safetensors (save_pretrained does)"
     raise ShapeError(msg)
 
@@ -163,32 +162,14 @@ def _other_weights(name: str) -> bool:
     return name not in _NOT_WEIGHTS and any(fnmatch.fnmatch(name, p) for p in _OTHER_WEIGHTS)
 
 
-def _copy_other_files(source: Path, target: Path, shards: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Copy every file and folder of ``source`` but the weights, the index and the config.
+def _copy_other_files(source: Path, target: Path, shards: Sequence[str]) -> tuple[list[str], list[str], dict[str, str]]:
+    """Copy every regular file and folder of ``source`` but the weights, the index and the config.
 
-    Returns the names copied and the weight files of other formats left out.
+    Returns the names copied, the weight files of other formats left out, and the entries that
+    are not regular files (FIFOs, devices, dangling links, link loops), not copied, with why.
     """
-    copied, skipped = [], []
-    for item in sorted(source.iterdir()):
-        if item.name in {*shards, INDEX, CONFIG}:
-            continue
-        if item.is_dir():
-            left: list[str] = []
-
-            def ignore(folder: str, names: list[str], left: list[str] = left) -> list[str]:
-                out = [n for n in names if _other_weights(n) and not Path(folder, n).is_dir()]
-                left.extend(str(Path(folder, n).relative_to(source)) for n in out)
-                return out
-
-            shutil.copytree(item, target / item.name, ignore=ignore)
-            skipped.extend(left)
-        elif _other_weights(item.name):
-            skipped.append(item.name)
-            continue
-        else:
-            shutil.copy2(item, target / item.name)
-        copied.append(item.name)
-    return copied, skipped
+    names = sorted(n for n in os.listdir(source) if n not in {*shards, INDEX, CONFIG})
+    return copy_folder(source, target, lambda rel: _other_weights(rel.name), names)
 
 
 def _write_index(target: Path, weight_map: dict[str, str], total: int) -> None:
@@ -311,7 +292,9 @@ def quantize_model(
     summary = ModelSummary(fmt)
     with _building(target) as out_dir:
         if not single:
-            summary.copied_files, summary.skipped_files = _copy_other_files(source, out_dir, shards)
+            summary.copied_files, summary.skipped_files, summary.refused_files = _copy_other_files(
+                source, out_dir, shards
+            )
         mods, written = _write_shards(folder, shards, out_dir, single, limit, summary, progress, rule)
         summary.shards = [out for out, _ in written]
         if len(written) > 1 if limit is not None else indexed:  # size-cut shards get an index when several
@@ -505,7 +488,7 @@ def _group_for(module: str, groups: list[tuple[str, list[str], dict[str, Any]]])
     """The (format, weight arguments) of the config group that ``module`` belongs to."""
     if len(groups) == 1:
         return groups[0][0], groups[0][2]
-    by_pattern = [g for g in groups if any(t.startswith("re:") and re.match(t[3:], module) for t in g[1])]
+    by_pattern = [g for g in groups if any(t.startswith("re:") and matches(t, module) for t in g[1])]
     if len(by_pattern) == 1:
         return by_pattern[0][0], by_pattern[0][2]
     by_class = [g for g in groups if not any(t.startswith("re:") for t in g[1])]
@@ -516,6 +499,30 @@ def _group_for(module: str, groups: list[tuple[str, list[str], dict[str, Any]]])
         "cannot tell which one describes its weight without the model's classes"
     )
     raise CorruptDataError(msg)
+
+
+# safetensors dtypes a compressed-tensors model stores codes in and no float model stores a weight in
+_CODE_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "I8", "U8", "I32"})
+
+
+def _check_codes_have_scales(
+    where: Mapping[str, SafetensorsFile], quantized: set[str], qc: Mapping[str, Any] | None
+) -> None:
+    """A ``.weight`` of codes (FP8, int8) in a quantized model must come with its ``weight_scale``.
+
+    Without this, a folder whose scale entry was lost would load its raw codes as the weight.
+    """
+    if qc is None:
+        return
+    for name, st in where.items():
+        module, _, part = name.rpartition(".")
+        dtype = st.entries[name].dtype
+        if part == "weight" and module not in quantized and dtype in _CODE_DTYPES:
+            msg = (
+                f"{st.path} stores {name!r} as {dtype}, the codes of a quantized weight, but the model has no "
+                f"{module + '.weight_scale'!r} to decode them with; the folder is incomplete (copy it again)"
+            )
+            raise CorruptDataError(msg)
 
 
 def load_model(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
@@ -566,7 +573,7 @@ def iter_model(
     qc = model_quantization_config(path)
     groups = [] if qc is None else weight_groups(qc)
     files = weight_files(folder)[0] if path.is_dir() else [path.name]
-    if not path.is_dir() and (folder / INDEX).is_file():
+    if not path.is_dir() and os.path.lexists(folder / INDEX):
         shards = weight_files(folder)[0]
         if path.name in shards:  # one shard: a module's entries may lie in its neighbours
             files = [path.name, *(f for f in shards if f != path.name)]
@@ -589,6 +596,7 @@ def iter_model(
                 "with; a shard of a model is read with its folder (pass the folder, or keep its index beside it)"
             )
             raise CorruptDataError(msg)
+        _check_codes_have_scales(where, quantized, qc)
         if quantized and not groups:
             msg = (
                 f"{folder} holds quantized weights (e.g. {min(quantized)!r}.weight_scale) but no "

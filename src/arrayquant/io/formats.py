@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import BackendUnavailableError, SchemeError
+from .paths import open_regular
 
 __all__ = ["FORMATS", "detect", "format_module", "iter_tensors", "load", "save", "tensor_shapes"]
 
@@ -57,7 +58,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     path = Path(path)
     if path.is_dir():
         return "compressed-tensors"
-    with path.open("rb") as f:
+    with open_regular(path) as f:  # a FIFO or a device is refused, not waited on or read forever
         head = f.read(4)
     if head in _MAGIC:
         return _MAGIC[head]

@@ -18,15 +18,19 @@ no stray entry that looks like a part of a tensor that is not described. ``aq.lo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import reprlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import array_api_compat as compat
 import numpy as np
@@ -45,6 +49,7 @@ from ..scheme import QParams, QuantScheme, ScaleDtype
 from ..storage import values_layout
 from ..tensor import QuantizedTensor
 from .burn import check_codes, decode_scales
+from .paths import open_regular
 from .regions import write_all
 
 __all__ = [
@@ -277,6 +282,42 @@ def _entries(path: Path, header: dict[str, Any], base: int, data_len: int) -> di
     return {e.name: e for e in found}
 
 
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+class _OpenFiles:
+    """The safetensors files holding a descriptor now, the least recently used released first.
+
+    A model folder may have thousands of shards, more than a process may hold open; readers keep
+    every shard's header, and at most :attr:`limit` descriptors, opening a file again when it is
+    read after being released.
+    """
+
+    limit = 64
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._order: OrderedDict[int, SafetensorsFile] = OrderedDict()
+
+    def opened(self, st: SafetensorsFile) -> None:
+        with self.lock:
+            self.used(st)
+
+    def used(self, st: SafetensorsFile) -> None:
+        self._order[id(st)] = st
+        self._order.move_to_end(id(st))
+        for key in [k for k, f in self._order.items() if f._users == 0][: max(0, len(self._order) - self.limit)]:
+            self._order.pop(key)._release()  # least recent first; a file being read is never released
+
+    def forget(self, st: SafetensorsFile) -> None:
+        with self.lock:
+            self._order.pop(id(st), None)
+
+
+_OPEN = _OpenFiles()
+
+
 class SafetensorsFile:
     """A safetensors file opened for reading one tensor at a time; the whole header validated on open.
 
@@ -293,29 +334,74 @@ class SafetensorsFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._file = self.path.open("rb")
+        self._file: BinaryIO | None = open_regular(self.path)
+        self._closed, self._users = False, 0
         try:
-            size = os.fstat(self._file.fileno()).st_size
-            header_len, header = read_header(self._file, self.path, size, _hook=_compact)
+            info = os.fstat(self._file.fileno())
+            self._identity = _identity(info)
+            header_len, header = read_header(self._file, self.path, info.st_size, _hook=_compact)
             meta = header.pop("__metadata__", None) or {}
             if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
                 msg = f"{self.path}: the metadata must map strings to strings"
                 raise CorruptDataError(msg)
             self.metadata: dict[str, str] = meta
-            self.entries = _entries(self.path, header, 8 + header_len, size - 8 - header_len)
+            self.entries = _entries(self.path, header, 8 + header_len, info.st_size - 8 - header_len)
             del header
         except BaseException:
             self._file.close()
             raise
+        _OPEN.opened(self)
 
     def close(self) -> None:
-        self._file.close()
+        self._closed = True
+        _OPEN.forget(self)
+        self._release()
+
+    def _release(self) -> None:
+        """Close the file descriptor; the next read opens the file again (see :class:`_OpenFiles`)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @contextlib.contextmanager
+    def descriptor(self) -> Iterator[int]:
+        """The file's open descriptor while the block runs (opened again if it was released)."""
+        if self._closed:
+            msg = f"{self.path} was closed"
+            raise ValueError(msg)
+        with _OPEN.lock:
+            if self._file is None:
+                f = open_regular(self.path)
+                if _identity(os.fstat(f.fileno())) != self._identity:
+                    f.close()
+                    msg = f"{self.path} changed while it was read; read it again"
+                    raise CorruptDataError(msg)
+                self._file = f
+            self._users += 1
+            _OPEN.used(self)
+            fd = self._file.fileno()
+        try:
+            yield fd
+        finally:
+            with _OPEN.lock:
+                self._users -= 1
 
     def __enter__(self) -> SafetensorsFile:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    def _read(self, name: str, buf: np.ndarray, offset: int) -> None:
+        """Fill ``buf`` with the file's bytes from ``offset`` on."""
+        view = buf.data
+        with self.descriptor() as fd:
+            while len(view):
+                got = os.preadv(fd, [view], offset)
+                if not got:
+                    msg = f"{self.path}: entry {name!r} is cut short; the file was truncated while it was read"
+                    raise CorruptDataError(msg)
+                view, offset = view[got:], offset + got
 
     def raw(self, name: str) -> np.ndarray:
         """The entry's data in its raw little-endian dtype (``uint16`` for BF16), shaped, in a fresh buffer."""
@@ -324,10 +410,7 @@ class SafetensorsFile:
         if not e.nbytes:
             return np.empty(e.shape, raw_dtype)
         buf = np.empty(e.nbytes, np.uint8)
-        self._file.seek(e.start)
-        if self._file.readinto(buf.data) != e.nbytes:
-            msg = f"{self.path}: entry {name!r} is cut short; the file was truncated while it was read"
-            raise CorruptDataError(msg)
+        self._read(name, buf, e.start)
         return buf.view(raw_dtype).reshape(e.shape)
 
     def array(self, name: str) -> np.ndarray:
@@ -354,10 +437,7 @@ class SafetensorsFile:
         row_bytes = math.prod(e.shape[1:]) * dtype.itemsize
         buf = np.empty(shape[0] * row_bytes, np.uint8)
         if buf.size:
-            self._file.seek(e.start + start * row_bytes)
-            if self._file.readinto(buf.data) != buf.size:
-                msg = f"{self.path}: entry {name!r} is cut short; the file was truncated while it was read"
-                raise CorruptDataError(msg)
+            self._read(name, buf, e.start + start * row_bytes)
         raw = buf.view(_PLAIN[e.dtype][0]).reshape(shape)
         return raw.view(dtype)
 
@@ -386,15 +466,15 @@ class Passthrough(NamedTuple):
 
     def copy_to(self, fd: int, offset: int, chunk: int = 1 << 20) -> None:
         """Write the entry's bytes at ``offset`` of the open file ``fd``."""
-        src = self.source._file.fileno()
         at, stop = self.entry.start, self.entry.stop
-        while at < stop:
-            data = os.pread(src, min(chunk, stop - at), at)
-            if not data:
-                msg = f"{self.source.path}: entry {self.entry.name!r} is cut short; the file was truncated"
-                raise CorruptDataError(msg)
-            write_all(fd, data, offset)
-            at, offset = at + len(data), offset + len(data)
+        with self.source.descriptor() as src:
+            while at < stop:
+                data = os.pread(src, min(chunk, stop - at), at)
+                if not data:
+                    msg = f"{self.source.path}: entry {self.entry.name!r} is cut short; the file was truncated"
+                    raise CorruptDataError(msg)
+                write_all(fd, data, offset)
+                at, offset = at + len(data), offset + len(data)
 
 
 class _Described(NamedTuple):

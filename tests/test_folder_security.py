@@ -558,3 +558,39 @@ def test_ctrl_c_while_the_command_loads_exits_130_quietly() -> None:
     assert proc.returncode == 130, (proc.returncode, err)
     assert "Traceback" not in err
     assert err.strip() == "arrayquant: interrupted"
+
+
+# ---------------------------------------------------------------------------------------------
+# the helpers' own error paths
+# ---------------------------------------------------------------------------------------------
+
+
+def test_open_regular_refuses_folders_and_devices_and_read_json_fifos(tmp_path: Path) -> None:
+    from arrayquant.io.paths import open_regular, read_json
+
+    with pytest.raises(IsADirectoryError):
+        open_regular(tmp_path)
+    with pytest.raises(CorruptDataError, match="/dev/null is a character device, not a regular file"):
+        open_regular("/dev/null")
+    os.mkfifo(tmp_path / "config.json")
+    with pytest.raises(CorruptDataError, match="is a FIFO, not a regular file"):
+        read_json(tmp_path / "config.json", "a model config")
+    (tmp_path / "bad.json").write_bytes(b"\xff{}")
+    with pytest.raises(CorruptDataError, match=r"bad.json is not JSON \(an index\)"):
+        read_json(tmp_path / "bad.json", "an index")
+
+
+def test_a_match_over_its_step_budget_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from arrayquant.io import patterns
+
+    monkeypatch.setattr(patterns, "MAX_STEPS", 3)
+    with pytest.raises(CorruptDataError, match=r"matching the config pattern 're:\(a\|b\)\*cd' .* costs too much"):
+        patterns.matches("re:(a|b)*cd", "ab" * 100)
+
+
+def test_a_closed_file_is_not_read_again(tmp_path: Path) -> None:
+    aq.save(tmp_path / "a.safetensors", {"x": _w(2, 4)})
+    st = SafetensorsFile(tmp_path / "a.safetensors")
+    st.close()
+    with pytest.raises(ValueError, match=r"a\.safetensors was closed"):
+        st.array("x")

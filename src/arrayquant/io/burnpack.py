@@ -62,12 +62,19 @@ Reading enforces Burn's limits (``MAX_METADATA_SIZE`` 100 MiB, ``MAX_TENSOR_COUN
 ``MAX_TENSOR_SIZE`` 10 GiB, ``MAX_CBOR_RECURSION_DEPTH`` 128, ``MAX_FILE_SIZE`` 100 GiB) and
 more than Burn checks: version exactly 1, every range inside the file, starts aligned to 256, no
 two ranges overlapping, each tensor's byte count what its dtype and shape need, no CBOR tags, no
-duplicate keys, no bytes after the metadata's CBOR item. All are :class:`CorruptDataError`; sizes
-are checked against the file before anything is read, so a lying header never allocates more
-than the file holds (decoding the metadata into Python objects costs memory in proportion to
-``metadata_size``, never to a length it claims). Note that Burn itself (burn-std's
-``encode_scales``/``decode_scales``) does not implement UE8M0 scales yet, so an
-``mxfp8``/``mxfp4`` file is valid Burnpack that Burn's backends may refuse to dequantize.
+duplicate keys, no bytes after the metadata's CBOR item. All are :class:`CorruptDataError` (an
+empty shape whose other extents no array can take, such as ``[0, 2**62]`` of F32, is a
+:class:`ShapeError`); sizes are checked against the file before anything is read, so a lying
+header never allocates more than the file holds. The metadata is walked item by item, not
+decoded whole (Python objects took up to 75 times its bytes: one byte ``0xA0`` is a 64-byte
+dict): only what is kept is built, each descriptor, scalar or value of a key Burn does not write
+is decoded within :data:`MAX_ITEM_SIZE` bytes and checked at once, ``metadata`` and ``scalars``
+hold at most :data:`MAX_ENTRIES` entries and the metadata map 64 keys, so reading costs memory
+in proportion to the file (about its metadata's size, plus what the tensors' entries keep).
+
+Note that Burn itself (burn-std's ``encode_scales``/``decode_scales``) does not implement UE8M0
+scales yet, so an ``mxfp8``/``mxfp4`` file is valid Burnpack that Burn's backends may refuse to
+dequantize.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ import math
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -88,6 +95,7 @@ import numpy as np
 
 from ..backends import default, shim
 from ..errors import BackendUnavailableError, CorruptDataError, DTypeError, SchemeError, ShapeError
+from ..invariants.data import MAX_ELEMENTS
 from ..scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 from ..scheme.block import MAX_BLOCK_DIMS, BlockSize
 from ..tensor import QuantizedTensor
@@ -128,6 +136,12 @@ MAX_TENSOR_SIZE = 10 * 1024**3
 MAX_TENSOR_COUNT = 100_000
 MAX_CBOR_DEPTH = 128
 MAX_FILE_SIZE = 100 * 1024**3
+# beyond Burn's limits: decoded, these would cost memory out of proportion to the file
+MAX_ITEM_SIZE = 64 * 1024  # one descriptor, scalar or unknown key's value, in bytes of CBOR
+MAX_ENTRIES = MAX_TENSOR_COUNT  # entries of 'metadata' and of 'scalars' each (Burn sets no limit on them)
+_MAX_KEYS = 64  # keys of the metadata map (Burn's has three)
+_WINDOWS = (512, 8192, MAX_ITEM_SIZE)  # bytes an item is decoded in, each tried when it runs past the last
+_NUMPY_MAX_BYTES = 2**63 - 1  # NumPy refuses a shape whose non-zero extents times the item size pass this
 _MAX_RANK = 64  # NumPy's; Burn has no limit, but no array of more axes can be built here
 _U64 = 1 << 64
 _I64 = 1 << 63
@@ -356,31 +370,134 @@ def _cbor2() -> Any:
     return cbor2
 
 
-def _decode_cbor(raw: bytes | bytearray, where: str) -> Any:
-    cbor2 = _cbor2()
-    fp = io.BytesIO(raw)
-    decoder = cbor2.CBORDecoder(
-        fp,
-        read_size=1,  # so fp.tell() is where the item ends
-        max_depth=MAX_CBOR_DEPTH,
-        allow_duplicate_keys=False,
-        strict_hashable_types=True,
-        semantic_decoders=_AnyTag(),
-        tag_hook=_refuse_tag,
-    )
-    try:
-        obj = decoder.decode()
-    except (cbor2.CBORError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
-        detail = str(exc) + (f" ({exc.__cause__})" if exc.__cause__ else "")
+class _BadCbor(Exception):
+    """A CBOR fault, raised as one CorruptDataError that says which CBOR Burn's writer makes."""
+
+
+_NO_TAGS = _AnyTag()
+
+
+class _Cbor:
+    """The metadata's CBOR, walked item by item so that only what is kept gets built.
+
+    Decoding it whole cost memory far beyond its size: one byte ``0xA0`` is an empty dict of 64
+    bytes, so 20 MB of them took 1.4 GiB. Here the maps Burn writes (the metadata, its tensors,
+    metadata and scalars) are walked, keys and text read directly, and every other item (a
+    descriptor, a scalar, the value of a key Burn does not write) is decoded by cbor2 inside a
+    window of at most :data:`MAX_ITEM_SIZE` bytes and checked at once: decoding costs at most
+    ~80 bytes a byte of that window, and nothing but the checked result stays.
+    """
+
+    def __init__(self, raw: bytearray, where: str) -> None:
+        self.cbor2 = _cbor2()
+        self.raw = raw
+        self.view = memoryview(raw)
+        self.at = 0
+        self.where = where
+
+    def _take(self, n: int) -> memoryview:
+        end = self.at + n
+        if end > len(self.raw):
+            msg = f"premature end of the metadata: an item at offset {self.at} needs {n} more bytes"
+            raise _BadCbor(msg)
+        out, self.at = self.view[self.at : end], end
+        return out
+
+    def head(self) -> tuple[int, int | None]:
+        """The next item's major type and argument (None: an indefinite length); a tag is a fault."""
+        at = self.at
+        byte = self._take(1)[0]
+        major, info = byte >> 5, byte & 0x1F
+        if info < 24:
+            arg: int | None = info
+        elif info < 28:
+            arg = int.from_bytes(self._take(1 << (info - 24)), "big")
+        elif info == 31 and 2 <= major <= 5:
+            arg = None
+        else:
+            msg = f"invalid CBOR initial byte 0x{byte:02x} at metadata offset {at}"
+            raise _BadCbor(msg)
+        if major == 6:
+            msg = f"CBOR tag {arg}"
+            raise _BadCbor(msg)
+        return major, arg
+
+    def more(self, n: int | None, done: int) -> bool:
+        """Whether a map or array of ``n`` entries (None: up to a break) has another after ``done``."""
+        if n is not None:
+            return done < n
+        if self.at < len(self.raw) and self.raw[self.at] == 0xFF:
+            self.at += 1
+            return False
+        return True
+
+    def string(self, major: int, n: int | None) -> str | bytes:
+        """The payload of a byte (major 2) or text (major 3) string whose head was read."""
+        if n is None:  # indefinite: definite chunks of the same type up to a break
+            chunks, done = [], 0
+            while self.more(None, done):
+                kind, size = self.head()
+                if kind != major or size is None:
+                    msg = "an indefinite-length string holds a chunk of another type"
+                    raise _BadCbor(msg)
+                chunks.append(bytes(self._take(size)))
+                done += 1
+            data: bytes | memoryview = b"".join(chunks)
+        else:
+            data = self._take(n)
+        if major == 2:
+            return bytes(data)
+        try:
+            return str(data, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise _BadCbor(f"text that is not UTF-8 ({exc})") from None
+
+    def key(self, seen: Container[Any]) -> str | bytes:
+        """A map key (text, or bytes as cbor2 allows), never one of ``seen``."""
+        major, n = self.head()
+        if major not in (2, 3):
+            msg = f"a map key of CBOR major type {major}; keys are text"
+            raise _BadCbor(msg)
+        key = self.string(major, n)
+        if key in seen:
+            msg = f"Duplicate map key {_short(key)}"
+            raise _BadCbor(msg)
+        return key
+
+    def value(self, depth: int, what: str, name: Any) -> Any:
+        """The next item decoded by cbor2, in a window of at most MAX_ITEM_SIZE bytes; ``depth`` maps enclose it.
+
+        ``what.format(name)`` names the item in the error for one that runs past the window (formatted
+        only then: a file has up to 100,000 descriptors).
+        """
+        cbor2 = self.cbor2
+        for size in _WINDOWS:
+            end = min(self.at + size, len(self.raw))
+            fp = io.BytesIO(bytes(self.view[self.at : end]))
+            decoder = cbor2.CBORDecoder(
+                fp,
+                read_size=1,  # so fp.tell() is where the item ends
+                max_depth=MAX_CBOR_DEPTH - depth,
+                allow_duplicate_keys=False,
+                strict_hashable_types=True,
+                semantic_decoders=_NO_TAGS,
+                tag_hook=_refuse_tag,
+            )
+            try:
+                obj = decoder.decode()
+            except cbor2.CBORDecodeEOF as exc:
+                if end < len(self.raw):
+                    continue  # the item goes on past the window
+                raise _BadCbor(str(exc)) from None
+            except (cbor2.CBORError, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
+                raise _BadCbor(str(exc) + (f" ({exc.__cause__})" if exc.__cause__ else "")) from None
+            self.at += fp.tell()
+            return obj
         msg = (
-            f"{where}: the metadata is not valid CBOR as Burn writes it (nesting at most {MAX_CBOR_DEPTH}, "
-            f"no tags, no duplicate keys): {detail}"
+            f"{self.where}: {what.format(_short(name))} takes more than {MAX_ITEM_SIZE} bytes of CBOR, over "
+            "arrayquant's limit for one item; the file was not written by Burn"
         )
-        raise CorruptDataError(msg) from None
-    if fp.tell() != len(raw):
-        msg = f"{where}: {len(raw) - fp.tell()} bytes follow the CBOR metadata inside metadata_size; the header lies"
         raise CorruptDataError(msg)
-    return obj
 
 
 class BurnpackEntry(NamedTuple):
@@ -456,6 +573,24 @@ def _expected_nbytes(raw: str | None, scheme: QuantScheme | None, shape: tuple[i
         raise type(exc)(f"{where}: {exc}") from None
 
 
+def _check_span(shape: tuple[int, ...], itemsize: int, where: str) -> None:
+    """Refuse an empty shape no array can take: NumPy sizes even an empty array by its non-zero extents.
+
+    A non-empty shape needs its bytes in the file, which bounds it; an empty one needs none, so
+    ``[0, 2**62]`` would reach NumPy (a ValueError) and ``[0, 2**64 - 1]`` overflow its indices.
+    ``itemsize`` is the array's (a bool is read as one byte whatever its store).
+    """
+    span = math.prod(d for d in shape if d)
+    if span > MAX_ELEMENTS or span * itemsize > _NUMPY_MAX_BYTES:
+        msg = (
+            f"{where}: shape {list(shape)} is empty, but its non-zero extents multiply to {span} elements of "
+            f"{itemsize} byte(s), more than any array can hold (at most {MAX_ELEMENTS} elements and "
+            f"{_NUMPY_MAX_BYTES} bytes; NumPy sizes an empty array by those extents too), so it cannot be read; "
+            "save the empty tensor with small extents, e.g. [0]"
+        )
+        raise ShapeError(msg)
+
+
 class BurnpackFile:
     """An open Burnpack file, its header and metadata validated; tensors read one at a time.
 
@@ -475,6 +610,9 @@ class BurnpackFile:
         Anything that is not a Burnpack file as Burn writes it (see the module notes).
     SchemeError
         A QFloat dtype in an encoding arrayquant does not read.
+    ShapeError
+        A shape no array can take (an empty one whose other extents are too large, a QFloat one
+        arrayquant refuses).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -521,27 +659,19 @@ class BurnpackFile:
                 "the file is truncated or the header lies"
             )
             raise CorruptDataError(msg)
-        meta = _decode_cbor(self._read(HEADER_SIZE, meta_size), where)
-        if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), dict):
-            msg = f"{where}: the metadata is not a map with a 'tensors' map"
-            raise CorruptDataError(msg)
-        tensors = meta["tensors"]
-        if len(tensors) > MAX_TENSOR_COUNT:
-            msg = f"{where}: {len(tensors)} tensors is over Burn's limit of {MAX_TENSOR_COUNT}"
-            raise CorruptDataError(msg)
-        self.metadata: dict[str, str] = {}
-        user = meta.get("metadata", {})
-        if not isinstance(user, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in user.items()):
-            msg = f"{where}: 'metadata' is not a map of strings to strings"
-            raise CorruptDataError(msg)
-        self.metadata = dict(user)
-        scalars = meta.get("scalars", {})
-        if not isinstance(scalars, dict) or not all(isinstance(k, str) for k in scalars):
-            msg = f"{where}: 'scalars' is not a map of names to scalars"
-            raise CorruptDataError(msg)
-        self.scalars: dict[str, tuple[str, Any]] = {k: _scalar(k, v, where) for k, v in scalars.items()}
         self.data_start = -(-(HEADER_SIZE + meta_size) // ALIGNMENT) * ALIGNMENT
-        entries = [self._entry(name, desc, size) for name, desc in tensors.items()]
+        cbor = _Cbor(self._read(HEADER_SIZE, meta_size), where)
+        try:
+            entries = self._metadata(cbor, size)
+        except _BadCbor as exc:
+            msg = (
+                f"{where}: the metadata is not valid CBOR as Burn writes it (nesting at most {MAX_CBOR_DEPTH}, "
+                f"no tags, no duplicate keys): {exc}"
+            )
+            raise CorruptDataError(msg) from None
+        if cbor.at != meta_size:
+            msg = f"{where}: {meta_size - cbor.at} bytes follow the CBOR metadata inside metadata_size; the header lies"
+            raise CorruptDataError(msg)
         entries.sort(key=lambda e: (e.start, e.stop, e.name))
         for before, after in itertools.pairwise(entries):
             if after.start < before.stop:
@@ -554,6 +684,90 @@ class BurnpackFile:
         self.entries = entries
         self.by_name = {e.name: e for e in entries}
         self.param_ids = {e.name: e.param_id for e in entries if e.param_id is not None}
+
+    def _metadata(self, cbor: _Cbor, size: int) -> list[BurnpackEntry]:
+        """Burn's ``Metadata`` map: its tensors' entries; ``metadata`` and ``scalars`` kept, other keys checked."""
+        not_meta = f"{self.path}: the metadata is not a map with a 'tensors' map"
+        major, n = cbor.head()
+        if major != 5:
+            raise CorruptDataError(not_meta)
+        self.metadata: dict[str, str] = {}
+        self.scalars: dict[str, tuple[str, Any]] = {}
+        entries: list[BurnpackEntry] | None = None
+        seen: set[str | bytes] = set()
+        while cbor.more(n, len(seen)):
+            self._over(
+                len(seen) + 1,
+                _MAX_KEYS,
+                "keys in the metadata map is over arrayquant's limit of {limit}; Burn's has 3",
+            )
+            key = cbor.key(seen)
+            seen.add(key)
+            if key == "tensors":
+                entries = self._tensors(cbor, size, not_meta)
+            elif key == "metadata":
+                self.metadata = self._strings(cbor)
+            elif key == "scalars":
+                self.scalars = self._scalars(cbor)
+            else:  # a key Burn does not write: checked as CBOR, then dropped
+                cbor.value(1, "the value of key {}, which Burn does not write,", key)
+        if entries is None:
+            raise CorruptDataError(not_meta)
+        return entries
+
+    def _map(self, cbor: _Cbor, bad: str, limit: int, what: str) -> int | None:
+        """The entry count of the map that comes next (None: up to a break), at most ``limit``."""
+        major, n = cbor.head()
+        if major != 5:
+            raise CorruptDataError(bad)
+        self._over(n, limit, what)
+        return n
+
+    def _over(self, n: int | None, limit: int, what: str) -> None:
+        """``what`` says ``n`` is over ``limit`` (a format string with ``{limit}``)."""
+        if n is not None and n > limit:
+            msg = f"{self.path}: {n} {what.format(limit=limit)}"
+            raise CorruptDataError(msg)
+
+    def _tensors(self, cbor: _Cbor, size: int, bad: str) -> list[BurnpackEntry]:
+        what = "tensors is over Burn's limit of {limit}"
+        n = self._map(cbor, bad, MAX_TENSOR_COUNT, what)
+        names: set[str | bytes] = set()
+        entries = []
+        while cbor.more(n, len(names)):
+            self._over(len(names) + 1, MAX_TENSOR_COUNT, what)  # an indefinite-length map that goes on
+            name = cbor.key(names)
+            names.add(name)
+            desc = cbor.value(2, "the descriptor of tensor {} (Burn's take a few hundred bytes)", name)
+            entries.append(self._entry(name, desc, size))
+        return entries
+
+    def _strings(self, cbor: _Cbor) -> dict[str, str]:
+        bad = f"{self.path}: 'metadata' is not a map of strings to strings"
+        what = "'metadata' entries is over arrayquant's limit of {limit}, the number of tensors Burn allows"
+        n = self._map(cbor, bad, MAX_ENTRIES, what)
+        out: dict[str, str] = {}
+        while cbor.more(n, len(out)):
+            self._over(len(out) + 1, MAX_ENTRIES, what)
+            key = cbor.key(out)
+            major, length = cbor.head()
+            if not isinstance(key, str) or major != 3:
+                raise CorruptDataError(bad)
+            out[key] = str(cbor.string(major, length))
+        return out
+
+    def _scalars(self, cbor: _Cbor) -> dict[str, tuple[str, Any]]:
+        bad = f"{self.path}: 'scalars' is not a map of names to scalars"
+        what = "'scalars' entries is over arrayquant's limit of {limit}, the number of tensors Burn allows"
+        n = self._map(cbor, bad, MAX_ENTRIES, what)
+        out: dict[str, tuple[str, Any]] = {}
+        while cbor.more(n, len(out)):
+            self._over(len(out) + 1, MAX_ENTRIES, what)
+            name = cbor.key(out)
+            if not isinstance(name, str):
+                raise CorruptDataError(bad)
+            out[name] = _scalar(name, cbor.value(2, "scalar {}", name), str(self.path))
+        return out
 
     def _entry(self, name: Any, desc: Any, size: int) -> BurnpackEntry:
         where = f"{self.path}: tensor {_short(name)}"
@@ -599,6 +813,8 @@ class BurnpackFile:
                 f"but its data_offsets hold {end - start}"
             )
             raise CorruptDataError(msg)
+        if raw is not None:  # a {"Bool": store} is read as bools of one byte
+            _check_span(shape, 1 if isinstance(desc["dtype"], dict) else np.dtype(raw).itemsize, where)
         return BurnpackEntry(
             name, desc["dtype"], shape, self.data_start + start, self.data_start + end, param_id, scheme
         )

@@ -16,7 +16,7 @@ import array_api_compat as compat
 
 from ..dequantize import dequantize
 from ..errors import DTypeError, SchemeError, ShapeError
-from ..invariants.data import can_read, check_same_place
+from ..invariants.data import can_read, check_same_place, check_shape
 from ..quantize import quantize
 from ..scheme import BlockSize, QuantScheme
 from ..tensor import QuantizedTensor
@@ -24,6 +24,7 @@ from ..tensor import QuantizedTensor
 __all__ = [
     "PROPAGATIONS",
     "check_propagation",
+    "check_result_size",
     "fit_scheme",
     "floats",
     "operand",
@@ -44,6 +45,19 @@ def check_propagation(propagation: object) -> str:
         f"result again with the input's scheme), got {propagation!r}"
     )
     raise SchemeError(msg)
+
+
+def check_result_size(shape: tuple[int, ...], what: str, fix: str) -> None:
+    """Refuse a result past the limits :func:`~arrayquant.quantize` enforces (axes, elements), before it is built.
+
+    An operation that grows its input from an argument (a count, a target shape, many inputs) checks
+    here first, so an absurd size is a :class:`ShapeError` saying ``fix``, not a MemoryError, an
+    overflow or a crash inside the backend.
+    """
+    try:
+        check_shape(shape, what)
+    except ShapeError as exc:
+        raise ShapeError(f"{exc}; {fix}") from None
 
 
 def floats(qt: QuantizedTensor) -> Any:

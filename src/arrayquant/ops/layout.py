@@ -51,8 +51,11 @@ A packed store follows its axis: where the packed axis moves (permute, ``None``/
 it disappears or the new rank has no such axis (an int index on it, a reshape to fewer axes) it
 packs the last axis (dim 0). Every layout here is supported by :func:`~arrayquant.pack`.
 A result with no axes, or with an empty axis, is a :class:`~arrayquant.ShapeError` (a
-``QuantizedTensor`` has at least one element on every axis). Dask arrays work wherever the
-backend has the operation lazily; ``take_along_axis`` on Dask raises
+``QuantizedTensor`` has at least one element on every axis), and so is one past the limits
+:func:`~arrayquant.quantize` enforces (more than 32 axes or ``2**62`` elements: a count, a target
+shape or many inputs asking for too much), refused before anything is allocated; a result
+within them that an eager backend cannot allocate (``repeat(qt, 2**40)``) is one too. Dask arrays
+work wherever the backend has the operation lazily; ``take_along_axis`` on Dask raises
 :class:`~arrayquant.BackendUnavailableError`. Comparing scales for ``concat``/``stack`` of
 per-tensor inputs reads them (a Dask input is computed for that one value).
 
@@ -83,7 +86,7 @@ from ..invariants import plan_for
 from ..scheme import BlockSize, QuantScheme, QuantStore
 from ..storage import pack
 from ..tensor import QuantizedTensor
-from ._common import floats, positions, requantize, same_place
+from ._common import check_result_size, floats, positions, requantize, same_place
 
 __all__ = [
     "broadcast_to",
@@ -220,7 +223,22 @@ def _run(qt: QuantizedTensor, m: _Move) -> QuantizedTensor:
     return QuantizedTensor(m.scheme, shape, qt.dtype, pack(codes, m.scheme), scales, qt.global_scale, qt.table)
 
 
-def _check_result_shape(shape: Sequence[int], what: str) -> None:
+def _allocating(run: Callable[[], QuantizedTensor], what: str) -> QuantizedTensor:
+    """``run()`` for an operation whose result an argument sizes (a count, a shape, many inputs).
+
+    Within the element limit a result can still be far beyond memory (``repeat(qt, 2**40)``); the
+    backend then refuses that one allocation, and this says so as a ShapeError. Only eager
+    backends allocate here: a Dask result is built lazily, chunk by chunk.
+    """
+    try:
+        return run()
+    except MemoryError as exc:  # NumPy's and CuPy's name the size they could not allocate
+        msg = f"{what} could not be allocated ({exc or 'out of memory'}); ask for a smaller result"
+        raise ShapeError(msg) from exc
+
+
+def _check_result_shape(shape: Sequence[int], what: str, fix: str = "ask for a smaller result") -> None:
+    """A result must have an axis, no empty axis, and stay within quantize's limits (checked before it is built)."""
     if not shape:
         msg = f"{what} would have no axes, but a QuantizedTensor has at least one; keep an axis (e.g. qt[i:i+1])"
         raise ShapeError(msg)
@@ -230,6 +248,7 @@ def _check_result_shape(shape: Sequence[int], what: str) -> None:
             "a QuantizedTensor has at least one element per axis"
         )
         raise ShapeError(msg)
+    check_result_size(tuple(shape), what, fix)
 
 
 # -- permute / transpose ------------------------------------------------------------------------
@@ -367,6 +386,7 @@ def _flat_if_dask(a: Any, xp: Any) -> Any:
 
 def _plan_reshape(qt: QuantizedTensor, shape: Any) -> _Move:
     new = _target_shape(shape, math.prod(qt.shape), qt.shape)
+    _check_result_shape(new, "the result of reshape", "reshape to fewer axes")
     xp = _xp(qt)
     scheme = _with_store(qt.scheme, None, len(new)) if (qt.scheme.store.dim >= len(new)) else qt.scheme
     block = qt.scheme.block_size
@@ -706,6 +726,8 @@ def _plan_take(qt: QuantizedTensor, indices: Any, axis: Any = None) -> _Move:
     if idx.ndim != 1 or idx.shape[0] == 0:
         msg = f"take indices must be a non-empty 1-d array, got shape {tuple(idx.shape)}"
         raise ShapeError(msg)
+    out = (*qt.shape[:ax], int(idx.shape[0]), *qt.shape[ax + 1 :])
+    _check_result_shape(out, "the result of take", "take fewer indices")
     xp = _xp(qt)
     data = lambda a: xp.take(a, idx, axis=ax)
     bd = _block_dims(qt)
@@ -728,7 +750,7 @@ def take(qt: QuantizedTensor, indices: Any, axis: int | None = None) -> Quantize
     Raises
     ------
     ShapeError
-        Indices out of range, not 1-d or empty; an axis out of range or missing.
+        Indices out of range, not 1-d or empty; an axis out of range or missing; a result past the limits.
     DTypeError
         Non-integer indices.
     DeviceError
@@ -763,7 +785,8 @@ def _plan_take_along_axis(qt: QuantizedTensor, indices: Any, axis: Any = -1) -> 
                 f"axis {d} must have length 1 or {qt.shape[d]}"
             )
             raise ShapeError(msg)
-    _check_result_shape([int(n) for n in idx.shape], "take_along_axis")
+    out = tuple(int(idx.shape[d]) if d == ax else qt.shape[d] for d in range(rank))  # broadcast off the axis
+    _check_result_shape(out, "the result of take_along_axis", "take fewer indices")
     data = lambda a: xp.take_along_axis(a, idx, axis=ax)
     bd = _block_dims(qt)
     return _Move(bd is None, data, None, qt.scheme, qt.scheme)
@@ -775,7 +798,7 @@ def take_along_axis(qt: QuantizedTensor, indices: Any, axis: int = -1) -> Quanti
     Raises
     ------
     ShapeError
-        Indices of another rank, empty, or out of range; an axis out of range.
+        Indices of another rank, empty, or out of range; an axis out of range; a result past the limits.
     DTypeError
         Non-integer indices.
     BackendUnavailableError
@@ -790,13 +813,15 @@ def _plan_repeat(qt: QuantizedTensor, repeats: Any, axis: Any = None) -> _Move:
     if r < 1:
         msg = f"repeats must be >= 1, got {r}"
         raise ShapeError(msg)
+    ax = None if axis is None else _axis(axis, len(qt.shape))
+    out = (r * math.prod(qt.shape),) if ax is None else (*qt.shape[:ax], r * qt.shape[ax], *qt.shape[ax + 1 :])
+    _check_result_shape(out, f"the result of repeat(qt, {r}, axis={ax})", "use fewer repeats")
     xp = _xp(qt)
     bd = _block_dims(qt)
-    if axis is None:  # the Array API flattens first
+    if ax is None:  # the Array API flattens first
         scheme = _with_store(qt.scheme, None, 1)
         data = lambda a: xp.repeat(xp.reshape(a, (-1,)), r, axis=0)
         return _Move(bd is None, data, None, scheme, scheme)
-    ax = _axis(axis, len(qt.shape))
     data = lambda a: xp.repeat(a, r, axis=ax)
     return _Move(bd is None or bd[ax] == 1, data, None if bd is None else data, qt.scheme, qt.scheme)
 
@@ -809,10 +834,11 @@ def repeat(qt: QuantizedTensor, repeats: int, axis: int | None = None) -> Quanti
     Raises
     ------
     ShapeError
-        ``repeats`` below 1, an axis out of range.
+        ``repeats`` below 1, an axis out of range, a result past the limits.
     """
     qt = _check_qt(qt)
-    return _run(qt, _plan_repeat(qt, repeats, axis))
+    m = _plan_repeat(qt, repeats, axis)
+    return _allocating(lambda: _run(qt, m), f"the result of repeat(qt, {repeats!r}, axis={axis!r})")
 
 
 def _plan_repeat_dim(qt: QuantizedTensor, axis: Any, times: Any) -> _Move:
@@ -821,8 +847,11 @@ def _plan_repeat_dim(qt: QuantizedTensor, axis: Any, times: Any) -> _Move:
     if t < 1:
         msg = f"times must be >= 1, got {t}"
         raise ShapeError(msg)
+    out = (*qt.shape[:ax], t * qt.shape[ax], *qt.shape[ax + 1 :])
+    _check_result_shape(out, f"the result of repeat_dim(qt, {ax}, {t})", "use fewer times")
     xp = _xp(qt)
-    data = lambda a: xp.concat([a] * t, axis=ax)
+    reps = tuple(t if d == ax else 1 for d in range(len(qt.shape)))
+    data = lambda a: xp.tile(a, reps)  # one call: a list of t references would outgrow the result
     bd = _block_dims(qt)
     exact = bd is None or bd[ax] == 1 or qt.shape[ax] % bd[ax] == 0
     return _Move(exact, data, None if bd is None else data, qt.scheme, qt.scheme)
@@ -837,7 +866,7 @@ def repeat_dim(qt: QuantizedTensor, axis: int, times: int) -> QuantizedTensor:
     Raises
     ------
     ShapeError
-        ``times`` below 1, an axis out of range.
+        ``times`` below 1, an axis out of range, a result past the limits.
 
     Examples
     --------
@@ -847,7 +876,8 @@ def repeat_dim(qt: QuantizedTensor, axis: int, times: int) -> QuantizedTensor:
     [[0, 127], [0, 127]]
     """
     qt = _check_qt(qt)
-    return _run(qt, _plan_repeat_dim(qt, axis, times))
+    m = _plan_repeat_dim(qt, axis, times)
+    return _allocating(lambda: _run(qt, m), f"the result of repeat_dim(qt, {axis!r}, {times!r})")
 
 
 # -- broadcast / expand_dims / squeeze ----------------------------------------------------------
@@ -876,6 +906,7 @@ def _plan_broadcast_to(qt: QuantizedTensor, shape: Any) -> _Move:
             )
             raise ShapeError(msg)
     new = tuple(dims)
+    _check_result_shape(new, "the result of broadcast_to", "broadcast to a smaller shape")
     xp = _xp(qt)
     old = _old_packed(qt)
     scheme = _with_store(qt.scheme, None if old is None else lead + old, len(new))
@@ -896,7 +927,7 @@ def broadcast_to(qt: QuantizedTensor, shape: Sequence[int]) -> QuantizedTensor:
     Raises
     ------
     ShapeError
-        A shape the tensor does not broadcast to.
+        A shape the tensor does not broadcast to, or one past the limits.
 
     Examples
     --------
@@ -906,13 +937,15 @@ def broadcast_to(qt: QuantizedTensor, shape: Sequence[int]) -> QuantizedTensor:
     [[42, 85, 127], [42, 85, 127]]
     """
     qt = _check_qt(qt)
-    return _run(qt, _plan_broadcast_to(qt, shape))
+    m = _plan_broadcast_to(qt, shape)
+    return _allocating(lambda: _run(qt, m), f"the result of broadcast_to(qt, {shape!r})")
 
 
 def _plan_expand_dims(qt: QuantizedTensor, axis: Any = 0) -> _Move:
     rank = len(qt.shape)
     ax = _axis(axis, rank + 1)
     sources: list[int | None] = [*range(ax), None, *range(ax, rank)]
+    _check_result_shape((*qt.shape[:ax], 1, *qt.shape[ax:]), "the result of expand_dims", "squeeze an axis first")
     xp = _xp(qt)
     scheme = _moved_store(qt, sources)
     data = lambda a: xp.expand_dims(a, axis=ax)
@@ -928,7 +961,7 @@ def expand_dims(qt: QuantizedTensor, axis: int = 0) -> QuantizedTensor:
     Raises
     ------
     ShapeError
-        An axis outside ``[-rank-1, rank]``.
+        An axis outside ``[-rank-1, rank]``, a result of more than 32 axes.
     """
     qt = _check_qt(qt)
     return _run(qt, _plan_expand_dims(qt, axis))
@@ -1013,6 +1046,9 @@ def _check_concat(qts: Any, axis: Any) -> tuple[list[QuantizedTensor], int]:
         if len(q.shape) != rank or any(q.shape[d] != items[0].shape[d] for d in range(rank) if d != ax):
             msg = f"qts[{i}] has shape {q.shape} but concat along axis {ax} needs {items[0].shape} on every other axis"
             raise ShapeError(msg)
+    first = items[0].shape
+    out = (*first[:ax], sum(q.shape[ax] for q in items), *first[ax + 1 :])
+    _check_result_shape(out, "the result of concat", "join fewer or smaller tensors")
     return items, ax
 
 
@@ -1040,7 +1076,7 @@ def concat(qts: Sequence[QuantizedTensor], axis: int = 0) -> QuantizedTensor:
     Raises
     ------
     ShapeError
-        An empty list, an axis out of range, shapes that differ off ``axis``.
+        An empty list, an axis out of range, shapes that differ off ``axis``, a result past the limits.
     DTypeError
         An entry that is not a QuantizedTensor.
     DeviceError
@@ -1055,7 +1091,7 @@ def concat(qts: Sequence[QuantizedTensor], axis: int = 0) -> QuantizedTensor:
     ([64, 127, 127], True)
     """
     items, ax = _check_concat(qts, axis)
-    return _concat_run(items, ax, _concat_exact(items, ax))
+    return _allocating(lambda: _concat_run(items, ax, _concat_exact(items, ax)), "the result of concat")
 
 
 def _check_stack(qts: Any, axis: Any) -> tuple[list[QuantizedTensor], int]:
@@ -1064,7 +1100,10 @@ def _check_stack(qts: Any, axis: Any) -> tuple[list[QuantizedTensor], int]:
         if q.shape != items[0].shape:
             msg = f"qts[{i}] has shape {q.shape} but stack needs every shape equal to {items[0].shape}"
             raise ShapeError(msg)
-    return items, _axis(axis, len(items[0].shape) + 1)
+    first = items[0].shape
+    ax = _axis(axis, len(first) + 1)
+    _check_result_shape((*first[:ax], len(items), *first[ax:]), "the result of stack", "join fewer or smaller tensors")
+    return items, ax
 
 
 def _stack_exact(items: list[QuantizedTensor], ax: int) -> bool:
@@ -1080,9 +1119,13 @@ def stack(qts: Sequence[QuantizedTensor], axis: int = 0) -> QuantizedTensor:
     Raises
     ------
     ShapeError
-        An empty list, shapes that differ, an axis outside ``[-rank-1, rank]``.
+        An empty list, shapes that differ, an axis outside ``[-rank-1, rank]``, a result past the limits.
     """
     items, ax = _check_stack(qts, axis)
+    return _allocating(lambda: _stack_run(items, ax), "the result of stack")
+
+
+def _stack_run(items: list[QuantizedTensor], ax: int) -> QuantizedTensor:
     if _stack_exact(items, ax):
         return _concat_run([_run(q, _plan_expand_dims(q, ax)) for q in items], ax, True)
     xp = _xp(items[0])

@@ -1,13 +1,23 @@
-"""GGUF files (llama.cpp, ollama, LM Studio): read, written and re-quantized through gguf-py.
+"""GGUF files (llama.cpp, ollama, LM Studio): read here, written through gguf-py, re-quantized.
 
-The container is gguf-py's: :class:`gguf.GGUFReader` parses the key/values and tensor infos of
-a memory-mapped file, :class:`gguf.GGUFWriter` writes them. Before gguf-py sees a file, its
-header is walked once here with every count, length and offset checked against the file's
-size, because gguf-py trusts them: a lying array length makes it loop past the end of the file
-building one NumPy view per element, a lying tensor offset surfaces as a bare ``ValueError``.
-Nested arrays (which llama.cpp refuses too) and more than :data:`MAX_ARRAY_ITEMS` array items
-in all (gguf-py keeps a Python object per item; real vocabularies need well under a million)
-are refused. Every problem with a file is a :class:`~arrayquant.errors.CorruptDataError`.
+The header is parsed here, once, with every count, length and offset checked against the
+file's size before anything is allocated for it; gguf-py's :class:`gguf.GGUFReader` is not used,
+as it trusts those numbers and builds one NumPy view per stored item (about 700 bytes each: a
+4 MiB array of bytes cost it 2.9 GB). Reading tensors steps over the key/values, checking
+that every string is UTF-8 so that every reader refuses the same files, but keeps none of them;
+:func:`read_metadata` decodes scalars and strings and gives each array as a
+:class:`GGUFArray`, a view of its stored bytes, so metadata costs about its size in memory.
+:class:`gguf.GGUFWriter` writes files, arrays read from a file going back byte for byte.
+
+Limits, each a :class:`~arrayquant.errors.CorruptDataError` naming it (and a
+:class:`~arrayquant.errors.ParamsError` when writing): at most :data:`MAX_KEY_VALUES`
+key/values (models carry a few dozen), keys of at most :data:`MAX_KEY_BYTES` bytes (the GGUF
+specification's limit), :data:`MAX_ARRAY_ITEMS` array items in all (a string array is walked
+item by item; real vocabularies need well under a million), no nested arrays (llama.cpp refuses
+them too), and a ``general.alignment`` that is a power of two (llama.cpp's rule) of at most
+:data:`MAX_ALIGNMENT` (a 64 KiB page: each tensor is padded with up to that many zero bytes).
+Every problem with a file is a :class:`~arrayquant.errors.CorruptDataError`; a failed write is
+the system's ``OSError`` naming the file being written, which is left as it was.
 
 Tensor data is read with positioned reads into fresh buffers, one tensor at a time, never
 through the memory map, so pages already read do not pile up in the process. Types map as
@@ -26,9 +36,13 @@ follows (the exact block maps live in :mod:`arrayquant.io.gguf_types`):
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fnmatch
+import itertools
 import math
 import mmap
+import operator
 import os
 import stat
 import struct
@@ -37,7 +51,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -51,8 +65,12 @@ from .importance import search_arguments
 
 __all__ = [
     "MAGIC",
+    "MAX_ALIGNMENT",
     "MAX_ARRAY_ITEMS",
+    "MAX_KEY_BYTES",
+    "MAX_KEY_VALUES",
     "NAME",
+    "GGUFArray",
     "GGUFSummary",
     "iter_tensors",
     "load",
@@ -64,7 +82,10 @@ __all__ = [
 
 NAME = "gguf"
 MAGIC = b"GGUF"
-MAX_ARRAY_ITEMS = 1 << 22  # array items over all key/values: gguf-py holds ~700 bytes per item
+MAX_ARRAY_ITEMS = 1 << 22  # array items over all key/values: a string array is walked item by item
+MAX_KEY_VALUES = 1 << 16  # key/values in a file: models carry a few dozen, and llama.cpp's check of them is quadratic
+MAX_KEY_BYTES = (1 << 16) - 1  # the GGUF specification's limit on a key
+MAX_ALIGNMENT = 1 << 16  # the largest page in use (64 KiB); llama.cpp takes any power of two
 _VERSIONS = (2, 3)  # gguf-py reads these; version 1 had 32-bit counts
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 _DEFAULT_ALIGNMENT = 32
@@ -75,7 +96,23 @@ _FTYPE_KEY = "general.file_type"
 _QVERSION_KEY = "general.quantization_version"
 # GGUF value type ids (gguf.GGUFValueType) -> bytes of one value; 8: string, 9: array
 _SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY, _UINT32 = 8, 9, 4
+_STRING, _ARRAY, _UINT32, _BOOL = 8, 9, 4, 7
+# GGUF value type ids -> the struct format of one value, the NumPy dtype of an array's items
+_SCALAR_FORMAT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_ITEM_DTYPE = {
+    0: "u1",
+    1: "i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
 _FLOAT_SOURCES = ("F32", "F16", "BF16", "F64")  # what quantize_file quantizes from
 _ARRAY_TYPES = {
@@ -160,6 +197,24 @@ class _Info(NamedTuple):
     nbytes: int
 
 
+class _KV(NamedTuple):
+    """Where one key/value lies in the file; its value is decoded only when asked for."""
+
+    key: str
+    vtype: int
+    itype: int  # an array's item type, else -1
+    items: int  # an array's length, else 1
+    start: int  # the value's first byte: a string's text, an array's first item
+    end: int
+
+
+class _Header(NamedTuple):
+    tensors: list[_Info]
+    data_start: int
+    n_kv: int
+    kv_end: int  # the first byte after the key/values
+
+
 class _Cursor:
     """Bounds-checked little-endian reads over the file's bytes."""
 
@@ -178,26 +233,32 @@ class _Cursor:
         return at
 
     def u32(self, what: str) -> int:
-        return int(struct.unpack_from("<I", self.buf, self.take(4, what))[0])
+        return int(_U32.unpack_from(self.buf, self.take(4, what))[0])
 
     def u64(self, what: str) -> int:
-        return int(struct.unpack_from("<Q", self.buf, self.take(8, what))[0])
+        return int(_U64.unpack_from(self.buf, self.take(8, what))[0])
 
-    def text(self, what: str) -> str:
+    def text(self, what: str, limit: int | None = None) -> str:
         n = self.u64(f"the length of {what}")
         at = self.take(n, what)
+        if limit is not None and n > limit:
+            msg = (
+                f"{self.path}: {what} at byte {at} is {n} bytes long; GGUF keys are at most {limit} bytes "
+                "(the GGUF specification's limit)"
+            )
+            raise CorruptDataError(msg)
         try:
-            return bytes(self.buf[at : at + n]).decode("utf-8")
+            return str(self.buf[at : at + n], "utf-8")
         except UnicodeDecodeError as e:
             msg = f"{self.path}: {what} at byte {at} is not UTF-8 ({e.reason})"
             raise CorruptDataError(msg) from None
 
 
-def _scan(fd: int, path: Path) -> tuple[list[_Info], int]:
-    """Walk the header once, checking every count and offset; (tensor infos, data start).
+def _scan(fd: int, path: Path) -> _Header:
+    """Walk the header once, checking every count and offset.
 
     Nothing is allocated in proportion to a count before the count has been checked against
-    the bytes left in the file.
+    the bytes left in the file, and nothing per array item at all.
     """
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
@@ -211,8 +272,8 @@ def _scan(fd: int, path: Path) -> tuple[list[_Info], int]:
         return _walk(_Cursor(buf, path), path)
 
 
-def _walk(cur: _Cursor, path: Path) -> tuple[list[_Info], int]:
-    g = _gguf()
+def _counts(cur: _Cursor, path: Path) -> tuple[int, int]:
+    """The header's (tensor count, key/value count), checked; the cursor left on the first key/value."""
     magic = bytes(cur.buf[0:4])
     if magic != MAGIC:
         msg = f"{path}: not a GGUF file (magic {magic!r}, expected {MAGIC!r})"
@@ -233,29 +294,21 @@ def _walk(cur: _Cursor, path: Path) -> tuple[list[_Info], int]:
             f"{cur.size - cur.pos} bytes left in the file can hold"
         )
         raise CorruptDataError(msg)
-    keys: set[str] = set()
-    alignment = _DEFAULT_ALIGNMENT
-    items = 0
-    for i in range(n_kv):
-        key = cur.text(f"key {i}")
-        if key in keys:
-            msg = f"{path}: key {key!r} appears twice"
-            raise CorruptDataError(msg)
-        keys.add(key)
-        vtype = cur.u32(f"the type of {key!r}")
-        if key == _ALIGN_KEY:
-            if vtype != _UINT32:
-                msg = f"{path}: {_ALIGN_KEY} has value type {vtype}, not UINT32 ({_UINT32})"
-                raise CorruptDataError(msg)
-            alignment = cur.u32(key)
-            if alignment == 0 or alignment & (alignment - 1):
-                msg = f"{path}: {_ALIGN_KEY} is {alignment}, not a power of two"
-                raise CorruptDataError(msg)
-            continue
-        items += _skip_value(cur, vtype, key, path)
-        if items > MAX_ARRAY_ITEMS:
-            msg = f"{path}: more than {MAX_ARRAY_ITEMS} array items in the key/values; refused to bound memory"
-            raise CorruptDataError(msg)
+    if n_kv > MAX_KEY_VALUES:
+        msg = (
+            f"{path}: the header claims {n_kv} key/values; more than {MAX_KEY_VALUES} "
+            "(arrayquant.io.gguf.MAX_KEY_VALUES) are refused to bound memory and time. Models carry a few "
+            "dozen; for a file that truly has more, raise that limit"
+        )
+        raise CorruptDataError(msg)
+    return n_tensors, n_kv
+
+
+def _walk(cur: _Cursor, path: Path) -> _Header:
+    g = _gguf()
+    n_tensors, n_kv = _counts(cur, path)
+    _, alignment = _key_values(cur, n_kv, path)
+    kv_end = cur.pos
     infos: list[tuple[str, str, tuple[int, ...], int, int]] = []
     names: set[str] = set()
     for i in range(n_tensors):
@@ -304,17 +357,68 @@ def _walk(cur: _Cursor, path: Path) -> tuple[list[_Info], int]:
             raise CorruptDataError(msg)
     for name, type_name, shape, offset, nbytes in infos:
         out.append(_Info(name, type_name, shape, data_start + offset, nbytes))
-    return out, data_start
+    return _Header(out, data_start, n_kv, kv_end)
 
 
-def _skip_value(cur: _Cursor, vtype: int, key: str, path: Path) -> int:
-    """Step over one value; the number of array items it holds."""
+def _key_values(cur: _Cursor, n_kv: int, path: Path) -> tuple[list[_KV], int]:
+    """Where each of the ``n_kv`` key/values lies, and the alignment; every string checked to be UTF-8.
+
+    Every reader refuses the same files: a string that is not UTF-8 fails ``load`` as it fails
+    :func:`read_metadata`. The walk over an array's strings is the only step per array item;
+    numbers are stepped over whole.
+    """
+    keys: set[str] = set()
+    out: list[_KV] = []
+    alignment = _DEFAULT_ALIGNMENT
+    items = 0
+    for i in range(n_kv):
+        key = cur.text(f"key {i}", MAX_KEY_BYTES)
+        if key in keys:
+            msg = f"{path}: key {key!r} appears twice"
+            raise CorruptDataError(msg)
+        keys.add(key)
+        vtype = cur.u32(f"the type of {key!r}")
+        if key == _ALIGN_KEY:
+            alignment = _alignment(cur, vtype, path)
+            out.append(_KV(key, vtype, -1, 1, cur.pos - 4, cur.pos))
+            continue
+        kv = _value_span(cur, key, vtype, path)
+        out.append(kv)
+        if kv.vtype == _ARRAY:
+            items += kv.items
+        if items > MAX_ARRAY_ITEMS:
+            msg = f"{path}: more than {MAX_ARRAY_ITEMS} array items in the key/values; refused to bound memory"
+            raise CorruptDataError(msg)
+    return out, alignment
+
+
+def _alignment(cur: _Cursor, vtype: int, path: Path) -> int:
+    """``general.alignment``: a UINT32 power of two, as llama.cpp requires, and at most :data:`MAX_ALIGNMENT`."""
+    if vtype != _UINT32:
+        msg = f"{path}: {_ALIGN_KEY} has value type {vtype}, not UINT32 ({_UINT32})"
+        raise CorruptDataError(msg)
+    alignment = cur.u32(_ALIGN_KEY)
+    if alignment == 0 or alignment & (alignment - 1):
+        msg = f"{path}: {_ALIGN_KEY} is {alignment}, not a power of two"
+        raise CorruptDataError(msg)
+    if alignment > MAX_ALIGNMENT:
+        msg = (
+            f"{path}: {_ALIGN_KEY} is {alignment}; arrayquant reads alignments up to {MAX_ALIGNMENT} (a page of "
+            "64 KiB, the largest in use), as each tensor would otherwise be padded with that many zero bytes"
+        )
+        raise CorruptDataError(msg)
+    return alignment
+
+
+def _value_span(cur: _Cursor, key: str, vtype: int, path: Path) -> _KV:
+    """Step over one value; where it lies."""
     if vtype in _SCALAR_SIZE:
-        cur.take(_SCALAR_SIZE[vtype], f"the value of {key!r}")
-        return 0
+        at = cur.take(_SCALAR_SIZE[vtype], f"the value of {key!r}")
+        return _KV(key, vtype, -1, 1, at, cur.pos)
     if vtype == _STRING:
-        cur.take(cur.u64(f"the length of {key!r}"), f"the text of {key!r}")
-        return 0
+        at = cur.take(cur.u64(f"the length of {key!r}"), f"the text of {key!r}")
+        _utf8(cur.buf[at : cur.pos], f"the value of {key!r}", at, path)
+        return _KV(key, vtype, -1, 1, at, cur.pos)
     if vtype != _ARRAY:
         msg = f"{path}: key {key!r} has value type {vtype}, which GGUF does not define"
         raise CorruptDataError(msg)
@@ -323,24 +427,168 @@ def _skip_value(cur: _Cursor, vtype: int, key: str, path: Path) -> int:
     if n > MAX_ARRAY_ITEMS:
         msg = f"{path}: key {key!r} claims {n} items; more than {MAX_ARRAY_ITEMS} are refused to bound memory"
         raise CorruptDataError(msg)
+    start = cur.pos
     if itype in _SCALAR_SIZE:
         cur.take(n * _SCALAR_SIZE[itype], f"the {n} items of {key!r}")
     elif itype == _STRING:
         if n * 8 > cur.size - cur.pos:
             cur.take(n * 8, f"the {n} strings of {key!r}")
-        for j in range(n):
-            cur.take(cur.u64(f"the length of item {j} of {key!r}"), f"item {j} of {key!r}")
+        _skip_strings(cur, n, key, path)
     elif itype == _ARRAY:
         msg = f"{path}: key {key!r} is an array of arrays, which neither llama.cpp nor gguf-py reads"
         raise CorruptDataError(msg)
     else:
         msg = f"{path}: key {key!r} is an array of value type {itype}, which GGUF does not define"
         raise CorruptDataError(msg)
-    return n
+    return _KV(key, _ARRAY, itype, n, start, cur.pos)
+
+
+def _utf8(data: Any, what: str, at: int, path: Path) -> None:
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError as e:
+        msg = f"{path}: {what} at byte {at} is not UTF-8 ({e.reason})"
+        raise CorruptDataError(msg) from None
+
+
+def _skip_strings(cur: _Cursor, n: int, key: str, path: Path) -> None:
+    """Step over ``n`` strings, each checked to be UTF-8, in a tight loop: messages only for an item that is wrong."""
+    buf, pos, size, unpack = cur.buf, cur.pos, cur.size, _U64.unpack_from
+    for j in range(n):
+        if size - pos < 8:
+            cur.pos = pos
+            cur.take(8, f"the length of item {j} of {key!r}")
+        length = unpack(buf, pos)[0]
+        pos += 8
+        if length > size - pos:
+            cur.pos = pos
+            cur.take(length, f"item {j} of {key!r}")
+        try:
+            str(buf[pos : pos + length], "utf-8")
+        except UnicodeDecodeError as e:
+            msg = f"{path}: item {j} of {key!r} at byte {pos} is not UTF-8 ({e.reason})"
+            raise CorruptDataError(msg) from None
+        pos += length
+    cur.pos = pos
+
+
+class GGUFArray(Sequence[Any]):
+    """A GGUF metadata array as stored: its bytes, with items decoded only when asked for.
+
+    :func:`read_metadata` gives arrays as this read-only sequence, so that a file's metadata costs
+    about its size in memory whatever it holds (a Python list costs 8 to 60 bytes per item). It
+    behaves as the list it stands for: ``len``, indexing and slicing (Python ints, floats, bools
+    or strs), iteration, and ``==`` with a list; ``tolist()`` gives that list, and for numbers
+    ``np.asarray(a)`` is a read-only NumPy view of the stored little-endian items (for bools, a
+    bool array: nonzero bytes are true, as in llama.cpp). :func:`save` and :func:`quantize_file`
+    write it back byte for byte.
+    """
+
+    __slots__ = ("_len", "_raw", "_starts", "item_type")
+
+    def __init__(self, raw: bytes | bytearray | memoryview, item_type: int, count: int) -> None:
+        self._raw, self.item_type, self._len = bytes(raw), int(item_type), int(count)
+        self._starts: np.ndarray | None = None  # where each string's length is, built on first indexing
+
+    @property
+    def raw(self) -> bytes:
+        """The items as stored in the file (for strings: each one's u64 length, then its UTF-8 bytes)."""
+        return self._raw
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _view(self) -> np.ndarray:
+        return np.frombuffer(self._raw, _ITEM_DTYPE[self.item_type], self._len)
+
+    def _numbers(self) -> np.ndarray:
+        """The items as a NumPy array: a view of the stored bytes; bools a bool array (nonzero is true)."""
+        view = self._view()
+        return view != 0 if self.item_type == _BOOL else view
+
+    def _text(self, at: int) -> str:
+        n = _U64.unpack_from(self._raw, at)[0]
+        return str(self._raw[at + 8 : at + 8 + n], "utf-8")
+
+    def _string_starts(self) -> np.ndarray:
+        if self._starts is None:
+            starts, at, unpack = np.empty(self._len, np.int64), 0, _U64.unpack_from
+            for j in range(self._len):
+                starts[j] = at
+                at += 8 + unpack(self._raw, at)[0]
+            self._starts = starts
+        return self._starts
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._len))]
+        i = operator.index(index)
+        if not -self._len <= i < self._len:
+            msg = f"GGUFArray index {index} out of range for {self._len} items"
+            raise IndexError(msg)
+        i %= self._len
+        if self.item_type == _STRING:
+            return self._text(int(self._string_starts()[i]))
+        item = self._view()[i]
+        return bool(item) if self.item_type == _BOOL else item.item()
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.item_type != _STRING:
+            numbers = self._numbers()
+            for start in range(0, self._len, 1 << 16):  # a chunk of Python objects at a time
+                yield from numbers[start : start + (1 << 16)].tolist()
+            return
+        at = 0
+        for _ in range(self._len):
+            text = self._text(at)
+            at += 8 + _U64.unpack_from(self._raw, at)[0]
+            yield text
+
+    def tolist(self) -> list[Any]:
+        """The items as a Python list, as gguf-py's ``ReaderField.contents()`` gives them."""
+        return self._numbers().tolist() if self.item_type != _STRING else list(self)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self._numbers() if self.item_type != _STRING else np.array(self.tolist(), dtype=object)
+        return np.array(out, dtype) if copy or (dtype is not None and out.dtype != dtype) else out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GGUFArray):
+            if self.item_type == other.item_type and self._raw == other._raw:
+                return True
+            return self.tolist() == other.tolist()
+        if isinstance(other, list):
+            return len(other) == self._len and self.tolist() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        shown = list(itertools.islice(self, 8))
+        more = f", ... ({self._len} items)" if self._len > 8 else ""
+        return f"GGUFArray({_gguf().GGUFValueType(self.item_type).name}, {shown!r}{more})"
+
+
+def _decoded(kv: _KV, blob: memoryview) -> Any:
+    """One key/value as a ``gguf.GGUFValue``: scalars and strings decoded, arrays as :class:`GGUFArray`."""
+    g = _gguf()
+    vtype = g.GGUFValueType(kv.vtype)
+    if kv.vtype == _ARRAY:
+        items = GGUFArray(blob[kv.start : kv.end], kv.itype, kv.items)
+        return g.GGUFValue(items, vtype, g.GGUFValueType(kv.itype))
+    if kv.vtype == _STRING:  # checked to be UTF-8 by the walk
+        return g.GGUFValue(str(blob[kv.start : kv.end], "utf-8"), vtype)
+    return g.GGUFValue(struct.unpack_from(_SCALAR_FORMAT[kv.vtype], blob, kv.start)[0], vtype)
 
 
 class _File:
-    """A checked GGUF file: gguf-py's reader for the key/values, positioned reads for the data."""
+    """A checked GGUF file: its header walked once, key/values decoded on demand, tensors by positioned reads."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -350,55 +598,42 @@ class _File:
             msg = f"cannot open {self.path}: {e.strerror}"
             raise CorruptDataError(msg) from None
         try:
-            self.tensors, _ = _scan(self.fd, self.path)
-            g = _gguf()
-            try:
-                self.reader = g.GGUFReader(self.path, "r")
-            except (ValueError, KeyError, IndexError, TypeError, OverflowError, struct.error) as e:
-                msg = f"{self.path}: gguf-py cannot read this file: {e}"
-                raise CorruptDataError(msg) from None
-            got = [(t.name, t.tensor_type.name, int(t.data_offset)) for t in self.reader.tensors]
-            if got != [(t.name, t.type_name, t.start) for t in self.tensors]:  # the file changed in between
-                msg = f"{self.path}: the file changed while it was being opened"
-                raise CorruptDataError(msg)
+            self.header = _scan(self.fd, self.path)
         except BaseException:
             os.close(self.fd)
             raise
+        self.tensors = self.header.tensors
 
     def close(self) -> None:
         os.close(self.fd)
-        self.reader = None
+
+    def _fill(self, view: memoryview, at: int, what: str) -> None:
+        """Fill ``view`` with the file's bytes from ``at``: positioned reads, never the memory map."""
+        while len(view):
+            done = os.preadv(self.fd, [view], at)
+            if done == 0:
+                msg = f"{self.path}: the file ended while reading {what} (it changed while being read?)"
+                raise CorruptDataError(msg)
+            view, at = view[done:], at + done
 
     def raw(self, t: _Info) -> np.ndarray:
         """The tensor's bytes, read into a fresh buffer."""
         out = np.empty(t.nbytes, np.uint8)
-        view, at = out.data, t.start
-        while len(view):
-            done = os.preadv(self.fd, [view], at)
-            if done == 0:
-                msg = f"{self.path}: the file ended while reading {t.name!r} (it changed while being read?)"
-                raise CorruptDataError(msg)
-            view, at = view[done:], at + done
+        self._fill(out.data, t.start, repr(t.name))
         return out
 
     def fields(self) -> dict[str, Any]:
         """Every key/value as a ``gguf.GGUFValue``, in file order."""
-        g = _gguf()
-        out: dict[str, Any] = {}
-        for f in self.reader.fields.values():
-            if f.name.startswith("GGUF."):
-                continue  # gguf-py's virtual entries: version and counts
-            vtype = f.types[0]
-            sub = f.types[-1] if vtype == g.GGUFValueType.ARRAY and len(f.types) > 1 else None
-            if vtype == g.GGUFValueType.ARRAY and sub is None:  # an empty array: its item type is in the file
-                sub = g.GGUFValueType(int(f.parts[3][0]))
-            try:
-                value = f.contents()
-            except (ValueError, IndexError) as e:
-                msg = f"{self.path}: the value of {f.name!r} cannot be read: {e}"
-                raise CorruptDataError(msg) from None
-            out[f.name] = g.GGUFValue(value, vtype, sub)
-        return out
+        buf = bytearray(self.header.kv_end)  # the header and key/values; tensor infos and data are not read
+        self._fill(memoryview(buf), 0, "the key/values")
+        cur = _Cursor(buf, self.path)
+        cur.pos = 24  # magic, version and the two counts, checked when the file was opened
+        kvs, _ = _key_values(cur, self.header.n_kv, self.path)
+        if cur.pos != self.header.kv_end:
+            msg = f"{self.path}: the file changed while it was being read"
+            raise CorruptDataError(msg)
+        blob = memoryview(buf)
+        return {kv.key: _decoded(kv, blob) for kv in kvs}
 
 
 @contextmanager
@@ -430,7 +665,7 @@ def _value(raw: np.ndarray, t: _Info, backend: str | None, device: Any) -> tuple
         return floats, "BF16 read as float32 values (ml_dtypes, which holds bfloat16 arrays, is not installed)"
     data = raw.reshape(_row_bytes(t.type_name, t.shape))
     if t.type_name in gguf_types.EXACT:
-        qt, why = gguf_types.decode(data, t.type_name, t.shape, backend=backend, device=device)
+        qt, why = _decode(data, t, backend, device)
         if qt is not None:
             return qt, ""
     else:
@@ -443,6 +678,20 @@ def _value(raw: np.ndarray, t: _Info, backend: str | None, device: Any) -> tuple
         msg = f"tensor {t.name!r} is {t.type_name}, which gguf-py cannot dequantize and arrayquant does not hold"
         raise SchemeError(msg) from None
     return np.asarray(floats, np.float32).reshape(t.shape), f"{t.type_name} read as float32 values: {why}"
+
+
+def _decode(data: np.ndarray, t: _Info, backend: str | None, device: Any, glob: Any = None) -> tuple[Any, str]:
+    """:func:`gguf_types.decode` of tensor ``t``, whose errors name the tensor."""
+    try:
+        return gguf_types.decode(data, t.type_name, t.shape, backend=backend, device=device, global_scale=glob)
+    except ShapeError as e:
+        msg = f"tensor {t.name!r}: {e}"
+        if 0 in t.shape:  # GGUF allows it, a QuantizedTensor does not
+            msg += (
+                f"; this {t.type_name} tensor holds no values, and a quantized tensor holds at least one per axis: "
+                "store it as F32, or leave it out"
+            )
+        raise ShapeError(msg) from None
 
 
 def _scale_name(name: str) -> str:
@@ -499,7 +748,7 @@ def _read(f: _File, t: _Info, pairs: _Pairs, backend: str | None, device: Any) -
         return value, f"{note}; {extra}" if note and extra else note or extra
     sname, g = paired
     data = raw.reshape(_row_bytes(t.type_name, t.shape))
-    qt, _ = gguf_types.decode(data, "NVFP4", t.shape, backend=backend, device=device, global_scale=g)
+    qt, _ = _decode(data, t, backend, device, g)
     if qt is not None:
         return qt, f"NVFP4 with its per-tensor scale {sname} (llama.cpp layout)"
     floats, note = _value(raw, t, backend, device)  # blocks that are not exact: llama.cpp's values, scaled
@@ -582,10 +831,15 @@ def load(path: str | os.PathLike[str], *, backend: str | None = None, device: An
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Every key/value of a GGUF file as ``gguf.GGUFValue`` (value, type, item type), in file order.
 
+    Scalars come as Python values and strings as ``str``; an array comes as a :class:`GGUFArray`,
+    which reads as the list of its items (``==`` with a list, indexing, iteration, ``tolist()``)
+    and, for numbers, ``np.asarray`` of it is a view of the stored items. Passed back to
+    :func:`save` as ``metadata``, every value is written as it was read.
+
     Raises
     ------
     CorruptDataError
-        As :func:`iter_tensors`.
+        As :func:`iter_tensors`, and a string that is not UTF-8.
     """
     with _opened(path) as f:
         return f.fields()
@@ -599,15 +853,59 @@ def _writer_class() -> Any:
     g = _gguf()
 
     class Writer(g.GGUFWriter):  # type: ignore[name-defined]
-        """gguf-py's writer, plus empty arrays, which GGUF allows and gguf-py refuses to write."""
+        """gguf-py's writer, plus empty arrays (which GGUF allows and gguf-py refuses to write),
+        :class:`GGUFArray` values written back as stored, and write errors that name the file."""
+
+        target = Path()  # the file being written, for the messages
 
         def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
+            if vtype == g.GGUFValueType.ARRAY and isinstance(val, GGUFArray) and sub_type in (None, val.item_type):
+                head = self._pack("I", vtype) if add_vtype else b""
+                return bytes(head + self._pack("I", val.item_type) + self._pack("Q", len(val))) + val.raw
             if vtype == g.GGUFValueType.ARRAY and sub_type is not None and len(val) == 0:
                 head = self._pack("I", vtype) if add_vtype else b""
                 return bytes(head + self._pack("I", sub_type) + self._pack("Q", 0))
             return bytes(super()._pack_val(val, vtype, add_vtype, sub_type))
 
+        def write_tensor_data(self, tensor: np.ndarray, tensor_endianess: Any = None) -> None:
+            with _named(self.target):  # the bytes are little-endian already: no byte swap
+                super().write_tensor_data(_Chunk(tensor), self.endianess)
+
     return Writer
+
+
+class _Chunk:
+    """A tensor's bytes for gguf-py's ``write_tensor_data``, written with ``file.write``.
+
+    gguf-py writes with ``ndarray.tofile``, whose error on a full disk has no errno and names no
+    file ("1114112 requested and 887712 written"); ``file.write`` raises the system's error.
+    """
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data, self.nbytes = np.ascontiguousarray(data), data.nbytes
+
+    def tofile(self, f: Any) -> None:
+        f.write(self.data.data.cast("B"))
+
+
+def _write_error(e: OSError, target: Path) -> OSError:
+    """The OSError of a failed write, naming ``target``; a full disk says so and what to do."""
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    what = os.strerror(e.errno) if e.errno else str(e)
+    hint = "; free some space or write it elsewhere" if full else ""
+    msg = f"{what} while writing this GGUF file, which was left as it was (the partial copy is removed){hint}"
+    return OSError(e.errno, msg, str(target))
+
+
+@contextmanager
+def _named(target: Path) -> Iterator[None]:
+    """Turn an OSError of writing ``target``'s temporary file, which names no file, into one naming ``target``."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise _write_error(e, target) from None
 
 
 class _Out(NamedTuple):
@@ -640,6 +938,7 @@ def _writing(target: Path, arch: str, fields: Mapping[str, Any], plan: Sequence[
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
         writer = _writer_class()(tmp, arch)
+        writer.target = target
         kv = writer.kv_data[0]
         kv.clear()
         for key, v in fields.items():
@@ -649,24 +948,48 @@ def _writing(target: Path, arch: str, fields: Mapping[str, Any], plan: Sequence[
             writer.data_alignment = int(align.value)
         for o in plan:
             writer.add_tensor_info(o.name, o.shape, np.dtype(np.float32), o.nbytes, g.GGMLQuantizationType[o.type_name])
-        writer.write_header_to_file()
-        try:
-            writer.write_kv_data_to_file()
-        except (struct.error, ValueError, TypeError) as e:  # a value that does not fit its GGUF type
-            msg = f"the metadata cannot be written as GGUF: {e}"
-            raise ParamsError(msg) from None
-        writer.write_ti_data_to_file()
+        with _named(target):
+            writer.write_header_to_file()
+            try:
+                writer.write_kv_data_to_file()
+            except (struct.error, ValueError, TypeError) as e:  # a value that does not fit its GGUF type
+                msg = f"the metadata cannot be written as GGUF: {e}"
+                raise ParamsError(msg) from None
+            writer.write_ti_data_to_file()
         yield writer
-        for out in writer.fout:
-            out.flush()
-            os.fsync(out.fileno())
-        writer.close()
+        with _named(target):
+            for out in writer.fout:
+                out.flush()
+                os.fsync(out.fileno())
+            writer.close()
         os.replace(tmp, target)
     except BaseException:
         if writer is not None:
-            writer.close()
+            with contextlib.suppress(OSError):  # closing flushes, and on a full disk fails again
+                writer.close()
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _check_alignment(align: Any) -> None:
+    """Refuse a ``general.alignment`` that llama.cpp (a power of two) or arrayquant (at most 64 KiB) does not read."""
+    if align is None:
+        return
+    g = _gguf()
+    if (
+        align.type != g.GGUFValueType.UINT32
+        or not isinstance(align.value, int)
+        or align.value <= 0
+        or align.value & (align.value - 1)
+    ):
+        msg = f"metadata {_ALIGN_KEY!r} must be a UINT32 power of two, got {align.value!r}"
+        raise ParamsError(msg)
+    if align.value > MAX_ALIGNMENT:
+        msg = (
+            f"metadata {_ALIGN_KEY!r} is {align.value}; alignments up to {MAX_ALIGNMENT} (a 64 KiB page) are written "
+            f"and read, as every tensor is padded with up to that many zero bytes; use {MAX_ALIGNMENT} or less"
+        )
+        raise ParamsError(msg)
 
 
 def _metadata_value(key: str, value: Any) -> Any:
@@ -675,6 +998,8 @@ def _metadata_value(key: str, value: Any) -> Any:
     t = g.GGUFValueType
     if isinstance(value, g.GGUFValue):
         return value
+    if isinstance(value, GGUFArray):  # an array from read_metadata, without its GGUFValue
+        return g.GGUFValue(value, t.ARRAY, t(value.item_type))
     if isinstance(value, (bool, np.bool_)):
         return g.GGUFValue(bool(value), t.BOOL)
     if isinstance(value, np.generic) and value.dtype.kind in "iuf":
@@ -768,6 +1093,11 @@ def _tensor_out(name: str, value: Any) -> list[tuple[_Out, Callable[[], np.ndarr
     if not isinstance(name, str) or not name:
         msg = f"GGUF tensor names are non-empty strings, got {name!r}"
         raise ShapeError(msg)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        msg = f"tensor name {name!r} is not valid Unicode text (a lone surrogate), which GGUF cannot hold; rename it"
+        raise ShapeError(msg) from None
     if isinstance(value, QuantizedTensor):
         type_name = gguf_types.type_of(value.scheme)
         if type_name is None:
@@ -846,10 +1176,16 @@ def save(
     DTypeError
         An array of another dtype (bool, uint8, fp8, ...).
     ShapeError
-        More than four dimensions, rows that are not whole blocks of the GGUF type, or an
-        nvfp4 per-tensor scale tensor whose name is that of another tensor.
+        More than four dimensions, rows that are not whole blocks of the GGUF type, a tensor
+        name that is not valid Unicode, or an nvfp4 per-tensor scale tensor whose name is that
+        of another tensor.
     ParamsError
-        A metadata value with no GGUF type, or a key gguf-py reserves (``GGUF.*``).
+        A metadata value with no GGUF type, a key gguf-py reserves (``GGUF.*``) or longer than
+        :data:`MAX_KEY_BYTES`, or a ``general.alignment`` that is no power of two up to
+        :data:`MAX_ALIGNMENT`.
+    OSError
+        The file cannot be written (a full disk, say); the error names ``path``, which is left
+        as it was.
     """
     target = Path(path)
     g = _gguf()
@@ -862,16 +1198,11 @@ def save(
         if not isinstance(key, str) or not key or key.startswith("GGUF."):
             msg = f"metadata key {key!r}: keys are non-empty strings, and GGUF.* names gguf-py's own entries"
             raise ParamsError(msg)
+        if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:  # what reading refuses
+            msg = f"metadata key {key[:40]!r}... is longer than GGUF's {MAX_KEY_BYTES} bytes for a key; shorten it"
+            raise ParamsError(msg)
         fields[key] = _metadata_value(key, value)
-    align = fields.get(_ALIGN_KEY)
-    if align is not None and (
-        align.type != g.GGUFValueType.UINT32
-        or not isinstance(align.value, int)
-        or align.value <= 0
-        or align.value & (align.value - 1)
-    ):
-        msg = f"metadata {_ALIGN_KEY!r} must be a UINT32 power of two, got {align.value!r}"
-        raise ParamsError(msg)
+    _check_alignment(fields.get(_ALIGN_KEY))
     outs: list[tuple[_Out, Callable[[], np.ndarray]]] = []
     scale_names: set[str] = set()
     for name, value in tensors.items():
@@ -960,6 +1291,8 @@ def _why_kept(t: _Info, type_name: str, include: Sequence[str], exclude: Sequenc
         return f"already {type_name}, copied unchanged"
     if t.type_name not in _FLOAT_SOURCES:
         return f"already quantized as {t.type_name}; llama-quantize does not re-quantize by default, copied unchanged"
+    if 0 in t.shape:  # nothing to quantize, and a quantized tensor has at least one value per axis
+        return f"has no values (shape {list(t.shape)}); kept as {t.type_name}"
     block = _sizes(type_name)[0]
     if t.shape[-1] % block:
         return f"rows of {t.shape[-1]} values are not whole {type_name} blocks of {block}; kept as {t.type_name}"
@@ -1023,7 +1356,9 @@ def quantize_file(
     type asked for, ``token_embd`` and ``output`` included (without ``--pure`` llama-quantize
     picks other types, such as Q6_K, for some; those are no arrayquant schemes). Tensors that
     are quantized already are copied unchanged (llama-quantize refuses to re-quantize without
-    ``--allow-requantize``), as are weights whose rows are not whole blocks.
+    ``--allow-requantize``), as are weights whose rows are not whole blocks and weights with no
+    values (an extent of 0, which GGUF allows): there is nothing to quantize, and a quantized
+    tensor that :func:`load` reads back needs at least one value per axis.
 
     The header is written first, then each tensor's data, read, quantized and written one at a
     time: memory stays near a few copies of the largest tensor. The output is a temporary file
@@ -1056,7 +1391,9 @@ def quantize_file(
     SchemeError
         A scheme with no GGUF type (the message lists those that have one).
     CorruptDataError
-        ``src`` is not a sound GGUF file.
+        ``src`` is not a sound GGUF file (see the limits in this module's description).
+    OSError
+        ``dst`` cannot be written (a full disk, say); the error names it, and it is left as it was.
     """
     scheme_, type_name = _target(scheme)
     split = type_name == "NVFP4" and scheme_.tensor is not None  # two-level: blocks + F32 '<name>.scale'

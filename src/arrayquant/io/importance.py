@@ -88,13 +88,15 @@ def load_importance(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     FileNotFoundError
         ``path`` does not exist.
     CorruptDataError
-        A file that is neither, or an imatrix GGUF without its ``.counts`` (or ``.in_sum2``) tensors.
+        A file that is neither, or an imatrix GGUF without its ``.counts`` (or ``.in_sum2``) tensors,
+        or with one of them stored as another type than F32.
     DTypeError
         A vector that is not floating point.
     ShapeError
         A vector that is not 1-D, or a per-expert (MoE) imatrix entry.
     NonFiniteInputError, ParamsError
-        A NaN or infinite value; a negative value (or a negative token count).
+        A NaN or infinite value; a negative value (or a token count that is not positive, or so
+        small that ``in_sum2 / counts`` overflows float32).
     """
     p = Path(path)
     with p.open("rb") as f:  # FileNotFoundError for a missing file, before any parsing
@@ -133,8 +135,18 @@ def _from_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def _from_gguf(path: Path) -> dict[str, np.ndarray]:
-    from .gguf import iter_tensors
+    from .gguf import _opened, iter_tensors
 
+    with _opened(path) as f:
+        types = {t.name: t.type_name for t in f.tensors}
+    for name, type_name in types.items():
+        if name.endswith((_SUM2, _COUNTS)) and type_name != "F32":
+            msg = (
+                f"imatrix tensor {name!r} of {path} is stored as {type_name}; its .in_sum2 and .counts tensors must "
+                "be F32, as llama-imatrix writes them (llama-quantize refuses other types too): write the file "
+                "again with llama-imatrix"
+            )
+            raise CorruptDataError(msg)
     tensors: dict[str, Any] = {name: value for name, value, _ in iter_tensors(path)}
     sums = {n[: -len(_SUM2)]: v for n, v in tensors.items() if n.endswith(_SUM2)}
     counts = {n[: -len(_COUNTS)]: v for n, v in tensors.items() if n.endswith(_COUNTS)}
@@ -162,8 +174,24 @@ def _from_gguf(path: Path) -> dict[str, np.ndarray]:
         if not count > 0:  # llama.cpp stores 0 for a weight no token reached; NaN fails here too
             msg = f"imatrix entry {name!r} of {path} counts {count} tokens; it needs at least one"
             raise ParamsError(msg)
-        out[name] = s2.reshape(-1) / np.float32(count)
+        out[name] = _mean(name, s2.reshape(-1), count, path)
     return out
+
+
+def _mean(name: str, sums: np.ndarray, count: float, path: Path) -> np.ndarray:
+    """``sums / count`` in float32, refusing a quotient beyond the float32 range (a count below 1 does that)."""
+    with np.errstate(over="ignore"):  # checked just below, with a message
+        mean = sums / np.float32(count)
+    over = np.isinf(mean) & np.isfinite(sums)
+    if over.any():
+        j = int(np.argmax(over))
+        msg = (
+            f"imatrix entry {name!r} of {path}: in_sum2 / counts overflows float32 at column {j} "
+            f"({float(sums[j])!r} / {count!r}); a token count is a whole number >= 1, which cannot overflow "
+            "a float32 sum: the file's counts are wrong"
+        )
+        raise ParamsError(msg)
+    return mean
 
 
 def _check_values(name: str, v: np.ndarray, path: Path) -> None:

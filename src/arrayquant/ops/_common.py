@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+import operator
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import array_api_compat as compat
 
 from ..dequantize import dequantize
-from ..errors import DTypeError, SchemeError, ShapeError
-from ..invariants.data import can_read, check_same_place, check_shape
+from ..errors import DTypeError, ParamsError, SchemeError, ShapeError
+from ..invariants.data import MAX_ELEMENTS, can_read, check_same_place, check_shape
 from ..quantize import quantize
 from ..scheme import BlockSize, QuantScheme
 from ..tensor import QuantizedTensor
 
 __all__ = [
     "PROPAGATIONS",
+    "allocating",
+    "as_int",
+    "check_elements",
+    "check_flag",
     "check_propagation",
     "check_result_size",
     "fit_scheme",
     "floats",
+    "normalize_axes",
     "operand",
     "positions",
     "requantize",
@@ -34,6 +41,8 @@ __all__ = [
 ]
 
 PROPAGATIONS = ("inhibit", "propagate")
+
+_T = TypeVar("_T")
 
 
 def check_propagation(propagation: object) -> str:
@@ -60,9 +69,97 @@ def check_result_size(shape: tuple[int, ...], what: str, fix: str) -> None:
         raise ShapeError(f"{exc}; {fix}") from None
 
 
+def check_elements(shape: tuple[int, ...], what: str, fix: str) -> None:
+    """Refuse a float result or an intermediate of more than ``MAX_ELEMENTS`` elements, before it is built.
+
+    Unlike :func:`check_result_size` this leaves the rank and empty axes alone (a float array may have
+    them); only a count no backend can index is refused, as a :class:`ShapeError` saying ``fix``.
+    """
+    n = math.prod(shape)
+    if n > MAX_ELEMENTS:
+        msg = f"{what} {list(shape)} has {n} elements, more than the {MAX_ELEMENTS} any array can hold; {fix}"
+        raise ShapeError(msg)
+
+
+def allocating(run: Callable[[], _T], what: str) -> _T:
+    """``run()``, with the backend's refusal to allocate its result said as a :class:`ShapeError`.
+
+    Within the element limit a result can still be far beyond memory (a small tensor broadcast
+    against a huge zero-stride view); NumPy's and CuPy's MemoryError name the size they could not get.
+    """
+    try:
+        return run()
+    except MemoryError as exc:
+        msg = f"{what} could not be allocated ({exc or 'out of memory'}); ask for a smaller result"
+        raise ShapeError(msg) from exc
+
+
+def as_int(v: Any) -> int | None:
+    """``v`` as a Python int where it is an integer (NumPy ints, 0-d integer arrays), else None; never a bool."""
+    if isinstance(v, bool):
+        return None
+    if compat.is_array_api_obj(v):  # why: a 0-d bool tensor has __index__ in some libraries
+        try:
+            integral = bool(compat.array_namespace(v).isdtype(v.dtype, "integral"))
+        except (TypeError, ValueError):
+            integral = False
+        if not integral:
+            return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
+def normalize_axes(axis: Any, rank: int, *, many: bool = True) -> tuple[int, ...]:
+    """``axis`` (an int, or with ``many`` a tuple of ints) as distinct axes in ``[0, rank)``, else a ShapeError.
+
+    The one check every reduction, scan and sort shares. Integers are read with ``operator.index``,
+    as layout's axes are, so NumPy ints and 0-d integer arrays count and floats, strings and bools
+    (``True`` would silently mean axis 1) do not. ``None`` is the caller's to interpret first.
+    """
+    kind = "an int or a tuple of ints" if many else "an int"
+    items = axis if many and isinstance(axis, tuple) else (axis,)
+    out = []
+    for a in items:
+        i = as_int(a)
+        if i is None:
+            entry = "" if a is axis else f" (entry {a!r} is not an integer)"
+            hint = "; pass a tuple such as (0, 1)" if many and isinstance(axis, list) else ""
+            msg = f"axis must be {kind}, got {axis!r}{entry}{hint}"
+            raise ShapeError(msg)
+        if not -rank <= i < rank:
+            msg = f"axis {i} is out of range for a {rank}-d tensor; use an axis in {-rank}..{rank - 1}"
+            raise ShapeError(msg)
+        out.append(i % rank)
+    if len(set(out)) != len(out):
+        msg = f"axis {axis!r} names an axis twice; name each axis once"
+        raise ShapeError(msg)
+    return tuple(out)
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` as a Python bool: True, False or a NumPy-style 0-d bool; anything else is a ParamsError.
+
+    why strict: a flag taken by truthiness turns ``keepdims="no"`` or ``descending=1.5`` into a
+    silently different result.
+    """
+    if isinstance(value, bool):
+        return value
+    if compat.is_array_api_obj(value) and tuple(value.shape) == () and can_read(value):
+        xp = compat.array_namespace(value)
+        if xp.isdtype(value.dtype, "bool"):
+            return bool(value)
+    msg = f"{name} must be True or False, got {value!r}"
+    raise ParamsError(msg)
+
+
 def floats(qt: QuantizedTensor) -> Any:
-    """The float array ``qt`` stands for, in its own dtype, namespace and device."""
-    return dequantize(qt)
+    """The float array ``qt`` stands for, in its own dtype, namespace and device.
+
+    A tensor whose floats exceed memory (its codes a zero-stride view, say) is a ShapeError.
+    """
+    return allocating(lambda: dequantize(qt), f"the float values of a tensor of shape {list(qt.shape)}")
 
 
 def operand(v: Any) -> Any:
@@ -110,6 +207,9 @@ def positions(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
     """Integer ``indices`` into an axis of length ``n``, in ``[-n, n)``, as non-negative positions.
 
     A list is taken into ``qt``'s namespace; the range is checked where the indices can be read now.
+    Nothing reads the indices before their converted copy is allocated: an index array past the
+    element limit, or one whose copy memory cannot hold (a huge zero-stride view), is a ShapeError
+    at once rather than a MemoryError after a pass over all of it.
     """
     xp = compat.array_namespace(qt.values)
     if isinstance(indices, QuantizedTensor):
@@ -118,17 +218,28 @@ def positions(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
     if not compat.is_array_api_obj(indices):
         try:
             indices = xp.asarray(indices, device=qt.device)
-        except (ValueError, TypeError) as e:  # ragged lists, objects
+        except (ValueError, TypeError, OverflowError) as e:  # ragged lists, objects, ints past int64
             msg = f"{what} indices must be an integer array or a nested list of ints of one shape: {e}"
             raise ShapeError(msg) from None
     same_place(qt=qt, indices=indices)
     if not xp.isdtype(indices.dtype, "integral"):
         msg = f"{what} indices must be an integer array, got dtype {indices.dtype}"
         raise DTypeError(msg)
-    if can_read(indices) and math.prod(indices.shape) and bool(xp.any((indices < -n) | (indices >= n))):
-        msg = f"{what} indices must lie in [{-n}, {n}) for an axis of length {n}"
-        raise ShapeError(msg)
-    idx = xp.astype(
-        indices, xp.asarray(0, device=qt.device).dtype
-    )  # the default int: int64, or int32 on JAX without x64
-    return xp.where(idx < 0, idx + n, idx)
+    shape = tuple(indices.shape)  # a Dask dimension may be NaN (unknown): the check then passes it
+    check_elements(shape, f"{what} indices", "pass fewer indices")
+    default = xp.asarray(0, device=qt.device).dtype  # the default int: int64, or int32 on JAX without x64
+    # why copy first: the copy is the one allocation the indices need, so one refused allocation
+    # ends a hopeless call before any pass over the indices (the old range mask was a full copy too)
+    idx = allocating(lambda: xp.astype(indices, default), f"{what} with indices of shape {list(shape)}")
+    if not can_read(idx):
+        return xp.where(idx < 0, idx + n, idx)
+    if math.prod(shape):
+        lo, hi = int(xp.min(idx)), int(xp.max(idx))  # two reductions: no mask of the indices' size
+        if lo < -n or hi >= n:
+            msg = f"{what} indices must lie in [{-n}, {n}) for an axis of length {n}"
+            raise ShapeError(msg)
+        if lo >= 0:
+            return idx
+        # in range, so the remainder is the position: one new array where the where took three
+        return allocating(lambda: idx % n, f"{what} with indices of shape {list(shape)}")
+    return idx

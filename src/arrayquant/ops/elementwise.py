@@ -23,6 +23,11 @@ returns what Burn's user-facing ``Tensor`` API returns for a quantized input:
   scale orders the codes as it orders the values), so the result is exact and keeps the input's
   scale; block schemes requantize the selected floats.
 - Float math is silent about NumPy's floating-point warnings (``log(0)`` is ``-inf``, as in Burn).
+- Arguments are checked before anything is computed: an ``axis`` is an int (NumPy ints too) or,
+  for reductions, a tuple of them; flags (``keepdims``, ``descending``, ...) are True or False
+  (a :class:`~arrayquant.ParamsError` otherwise, never truthiness); array operands hold real
+  numbers. A result past the element limit, or one memory cannot hold (an operand that is a huge
+  zero-stride view), is a :class:`~arrayquant.ShapeError`.
 
 A quantized result is at least 1-d: a reduction to a 0-d value gives shape ``(1,)``, as Burn's.
 """
@@ -39,11 +44,23 @@ import array_api_compat as compat
 
 from ..backends.shim import quiet, quietly
 from ..errors import BackendUnavailableError, DTypeError, ShapeError
-from ..invariants import plan_for
+from ..invariants import is_real_float, plan_for
 from ..storage import pack
 from ..tensor import QuantizedTensor
 from . import layout
-from ._common import check_propagation, floats, operand, positions, requantize, same_place
+from ._common import (
+    allocating,
+    as_int,
+    check_elements,
+    check_flag,
+    check_propagation,
+    floats,
+    normalize_axes,
+    operand,
+    positions,
+    requantize,
+    same_place,
+)
 
 __all__ = [
     "abs",
@@ -161,45 +178,60 @@ def _operands(names: tuple[str, ...], values: tuple[Any, ...]) -> list[Quantized
         if not isinstance(v, (QuantizedTensor, *_SCALARS)) and not compat.is_array_api_obj(v):
             msg = f"{n} must be a QuantizedTensor, an Array API array or a Python scalar, got {type(v).__name__}"
             raise DTypeError(msg)
+        if compat.is_array_api_obj(v) and not _real(v):
+            # why: NumPy would answer strings and datetimes with a UFuncTypeError, and turn complex or
+            # object operands into complex or object "floats" that no quantized tensor can hold
+            msg = f"{n} has dtype {v.dtype}; operands must hold real numbers (bool, integer or real floating)"
+            raise DTypeError(msg)
     same_place(**dict(zip(names, values, strict=True)))
-    _broadcast(names, *values)
+    shape = _broadcast(names, *values)
+    check_elements(shape, "the broadcast result", "broadcast against a smaller operand")
     return quantized
 
 
+def _real(a: Any) -> bool:
+    """Whether array ``a`` holds real numbers: bool, integer or real floating (bfloat16 included)."""
+    xp = compat.array_namespace(a)
+    if is_real_float(xp, a.dtype):
+        return True
+    try:
+        return bool(xp.isdtype(a.dtype, ("bool", "integral")))
+    except (TypeError, ValueError, AttributeError):  # object, string and datetime dtypes in some versions
+        return False
+
+
 def _float_args(values: tuple[Any, ...], like: QuantizedTensor) -> list[Any]:
-    """Dequantized operands; Python scalars become 0-d arrays of the float result's dtype."""
+    """Dequantized operands; Python scalars become 0-d arrays of the float result's dtype.
+
+    A scalar past the dtype's range becomes +-inf (NumPy's cast, without its warning); an int past
+    every float's range is a DTypeError (NumPy raises OverflowError).
+    """
     arrays = [operand(v) for v in values]
     ref = next(a for a, v in zip(arrays, values, strict=True) if isinstance(v, QuantizedTensor))
     xp = compat.array_namespace(ref)
     device = compat.device(ref)
-    return [xp.asarray(a, dtype=ref.dtype, device=device) if isinstance(a, _SCALARS) else a for a in arrays]
+    for a in arrays:
+        if isinstance(a, int):
+            try:
+                float(a)
+            except OverflowError:
+                msg = (
+                    f"a scalar int of {a.bit_length()} bits is beyond the range of every float dtype; "
+                    "pass a float (e.g. math.inf) instead"
+                )
+                raise DTypeError(msg) from None
+    with quiet(xp):
+        return [xp.asarray(a, dtype=ref.dtype, device=device) if isinstance(a, _SCALARS) else a for a in arrays]
 
 
-def _axes(axis: Any, ndim: int, *, allow_tuple: bool = True) -> tuple[int, ...] | None:
-    """``axis`` as a tuple of non-negative axes (None stays None), or a ShapeError."""
-    if axis is None:
-        return None
-    items = axis if allow_tuple and isinstance(axis, tuple) else (axis,)
-    out = []
-    for a in items:
-        if isinstance(a, bool) or not isinstance(a, int):
-            kind = "an int or a tuple of ints" if allow_tuple else "an int"
-            msg = f"axis must be {kind}, got {axis!r}"
-            raise ShapeError(msg)
-        if not -ndim <= a < ndim:
-            msg = f"axis {a} is out of range for a {ndim}-d tensor; use an axis in {-ndim}..{ndim - 1}"
-            raise ShapeError(msg)
-        out.append(a % ndim)
-    if len(set(out)) != len(out):
-        msg = f"axis {axis!r} names an axis twice; name each axis once"
-        raise ShapeError(msg)
-    return tuple(out)
+def _axes(axis: Any, ndim: int) -> tuple[int, ...] | None:
+    """``axis`` of a reduction as a tuple of non-negative axes (None, every axis, stays None), or a ShapeError."""
+    return None if axis is None else normalize_axes(axis, ndim)
 
 
 def _one_axis(axis: Any, ndim: int) -> int:
-    axes = _axes(axis, ndim, allow_tuple=False)
-    assert axes is not None
-    return axes[0]
+    """The one axis a sort, scan or indexed update works along; None is a ShapeError here, not all axes."""
+    return normalize_axes(axis, ndim, many=False)[0]
 
 
 def _finish(result: Any, like: QuantizedTensor, propagation: str) -> Any:
@@ -227,7 +259,7 @@ def _flow_binary(fn: Callable[[Any, Any, Any], Any], x1: Any, x2: Any, propagati
     names = ("x1", "x2")
     quantized = _operands(names, (x1, x2))
     a, b = _float_args((x1, x2), quantized[0])
-    out = quietly(fn, a, b)
+    out = allocating(lambda: quietly(fn, a, b), _RESULT)
     # why: Burn dequantizes a quantized operand met with a float tensor and returns floats
     mixed = builtins.any(not isinstance(v, (QuantizedTensor, *_SCALARS)) for v in (x1, x2))
     return out if mixed else _finish(out, quantized[0], mode)
@@ -236,7 +268,10 @@ def _flow_binary(fn: Callable[[Any, Any, Any], Any], x1: Any, x2: Any, propagati
 def _float_binary(fn: Callable[[Any, Any, Any], Any], x1: Any, x2: Any) -> Any:
     quantized = _operands(("x1", "x2"), (x1, x2))
     a, b = _float_args((x1, x2), quantized[0])
-    return quietly(fn, a, b)
+    return allocating(lambda: quietly(fn, a, b), _RESULT)
+
+
+_RESULT = "the broadcast result"  # what a result an operand's shape sizes is called in a ShapeError
 
 
 _FLOW_DOC = """
@@ -257,11 +292,12 @@ _FLOW_DOC = """
     Raises
     ------
     ShapeError
-        Operands that do not broadcast.
+        Operands that do not broadcast, or a broadcast result past the element limit or beyond memory.
     DeviceError
         Operands in different namespaces or on different devices.
     DTypeError
-        No quantized operand, or an operand that is no array or scalar.
+        No quantized operand, an operand that is no array or scalar, an array of no real dtype
+        (complex, string, object), or an int beyond every float's range.
     SchemeError
         An unknown ``propagation``.
     """
@@ -378,7 +414,8 @@ def minimum(x1: Any, x2: Any, /) -> Any:
 
 # -- one operand, float result --------------------------------------------------------------------
 def _float_unary(fn: Callable[[Any, Any], Any], x: Any) -> Any:
-    return quietly(fn, floats(_require_quantized(x)))
+    f = floats(_require_quantized(x))
+    return allocating(lambda: quietly(fn, f), f"the result for a tensor of shape {list(f.shape)}")
 
 
 def exp(x: QuantizedTensor, /) -> Any:
@@ -551,12 +588,18 @@ def clip(x: QuantizedTensor, /, min: Any = None, max: Any = None, *, propagation
     xp = compat.array_namespace(f)
     lo = rest[0] if "min" in bounds else None
     hi = rest[-1] if "max" in bounds else None
-    # maximum/minimum rather than xp.clip: clip's array bounds may not broadcast the result wider
-    out = f
-    if lo is not None:
-        out = xp.maximum(out, lo)
-    if hi is not None:
-        out = xp.minimum(out, hi)
+
+    def run() -> Any:
+        # maximum/minimum rather than xp.clip: clip's array bounds may not broadcast the result wider
+        out = f
+        with quiet(xp):
+            if lo is not None:
+                out = xp.maximum(out, lo)
+            if hi is not None:
+                out = xp.minimum(out, hi)
+        return out
+
+    out = allocating(run, _RESULT)
     mixed = builtins.any(not isinstance(v, (QuantizedTensor, *_SCALARS)) for v in bounds.values())
     return out if mixed else _finish(out, qt, mode)
 
@@ -566,6 +609,7 @@ def _reduce(name: str, x: QuantizedTensor, axis: Any, keepdims: bool, propagatio
     mode = check_propagation(propagation)
     qt = _require_quantized(x)
     axes = _axes(axis, len(qt.shape))
+    keepdims = check_flag(keepdims, "keepdims")
     f = floats(qt)
     xp = compat.array_namespace(f)
     kwargs: dict[str, Any] = {"axis": axes, "keepdims": keepdims}
@@ -596,7 +640,9 @@ _REDUCE_DOC = """
     Raises
     ------
     ShapeError
-        An axis out of range or named twice.
+        An axis that is no int (or tuple of ints), out of range or named twice.
+    ParamsError
+        ``keepdims`` neither True nor False.
     SchemeError
         An unknown ``propagation``.
     DTypeError
@@ -644,7 +690,7 @@ def _scan(name: str, x: QuantizedTensor, axis: Any, include_initial: bool, propa
     f = floats(qt)
     xp = compat.array_namespace(f)
     kwargs: dict[str, Any] = {"axis": ax, "dtype": f.dtype}
-    if include_initial:
+    if check_flag(include_initial, "include_initial"):
         kwargs["include_initial"] = True
     with quiet(xp):
         out = getattr(xp, name)(f, **kwargs)
@@ -693,7 +739,9 @@ _SCAN_DOC = """
     Raises
     ------
     ShapeError
-        ``axis`` out of range, or missing for data of more than one axis.
+        ``axis`` not an int, out of range, or missing for data of more than one axis.
+    ParamsError
+        ``include_initial`` neither True nor False.
     SchemeError
         An unknown ``propagation``.
     DTypeError
@@ -742,10 +790,12 @@ def isinf(x: QuantizedTensor, /) -> Any:
 def any(x: QuantizedTensor, /, *, axis: Any = None, keepdims: bool = False) -> Any:
     """Whether any dequantized value is non-zero, over ``axis`` (Burn ``any``/``any_dim``), bool.
 
-    Raises ShapeError for an axis out of range, DTypeError when ``x`` is not quantized.
+    Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
+    False, DTypeError when ``x`` is not quantized.
     """
     qt = _require_quantized(x)
     axes = _axes(axis, len(qt.shape))
+    keepdims = check_flag(keepdims, "keepdims")
     f = floats(qt)
     return compat.array_namespace(f).any(f, axis=axes, keepdims=keepdims)
 
@@ -753,10 +803,12 @@ def any(x: QuantizedTensor, /, *, axis: Any = None, keepdims: bool = False) -> A
 def all(x: QuantizedTensor, /, *, axis: Any = None, keepdims: bool = False) -> Any:
     """Whether every dequantized value is non-zero, over ``axis`` (Burn ``all``/``all_dim``), bool.
 
-    Raises ShapeError for an axis out of range, DTypeError when ``x`` is not quantized.
+    Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
+    False, DTypeError when ``x`` is not quantized.
     """
     qt = _require_quantized(x)
     axes = _axes(axis, len(qt.shape))
+    keepdims = check_flag(keepdims, "keepdims")
     f = floats(qt)
     return compat.array_namespace(f).all(f, axis=axes, keepdims=keepdims)
 
@@ -764,10 +816,12 @@ def all(x: QuantizedTensor, /, *, axis: Any = None, keepdims: bool = False) -> A
 def argmax(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = False) -> Any:
     """Index of the largest dequantized value (first on ties), an integer array.
 
-    Raises ShapeError for an axis out of range, DTypeError when ``x`` is not quantized.
+    Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
+    False, DTypeError when ``x`` is not quantized.
     """
     qt = _require_quantized(x)
     ax = None if axis is None else _one_axis(axis, len(qt.shape))
+    keepdims = check_flag(keepdims, "keepdims")
     f = floats(qt)
     return compat.array_namespace(f).argmax(f, axis=ax, keepdims=keepdims)
 
@@ -775,10 +829,12 @@ def argmax(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = F
 def argmin(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = False) -> Any:
     """Index of the smallest dequantized value (first on ties), an integer array.
 
-    Raises ShapeError for an axis out of range, DTypeError when ``x`` is not quantized.
+    Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
+    False, DTypeError when ``x`` is not quantized.
     """
     qt = _require_quantized(x)
     ax = None if axis is None else _one_axis(axis, len(qt.shape))
+    keepdims = check_flag(keepdims, "keepdims")
     f = floats(qt)
     return compat.array_namespace(f).argmin(f, axis=ax, keepdims=keepdims)
 
@@ -786,10 +842,12 @@ def argmin(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = F
 def argsort(x: QuantizedTensor, /, *, axis: int = -1, descending: bool = False, stable: bool = True) -> Any:
     """Indices that sort the dequantized values along ``axis``, an integer array.
 
-    Raises ShapeError for an axis out of range, DTypeError when ``x`` is not quantized.
+    Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
+    False, DTypeError when ``x`` is not quantized.
     """
     qt = _require_quantized(x)
     ax = _one_axis(axis, len(qt.shape))
+    descending, stable = check_flag(descending, "descending"), check_flag(stable, "stable")
     f = floats(qt)
     return compat.array_namespace(f).argsort(f, axis=ax, descending=descending, stable=stable)
 
@@ -832,7 +890,7 @@ def where(condition: Any, x1: Any, x2: Any, /) -> Any:
     _check_mask(condition, "condition")
     quantized = _operands(("condition", "x1", "x2"), (condition, x1, x2))
     a, b = _float_args((x1, x2), quantized[0])
-    return compat.array_namespace(a).where(condition, a, b)
+    return allocating(lambda: compat.array_namespace(a).where(condition, a, b), _RESULT)
 
 
 def mask_fill(x: QuantizedTensor, mask: Any, value: Any, /) -> Any:
@@ -891,6 +949,20 @@ def _one_hot_sum(xp: Any, v: Any, idx: Any, n: int) -> Any:
     return xp.sum(xp.where(hit, xp.expand_dims(v, axis=-1), zero), axis=-2, dtype=v.dtype)
 
 
+def _one_hot_add(xp: Any, f: Any, v: Any, ax: int, idx: Any, what: str) -> Any:
+    """``f`` plus the one-hot sums of ``v`` at ``idx`` (its axis already last) along ``ax``, the mask checked first."""
+    n = int(f.shape[ax])
+    mask = (*tuple(v.shape), n)  # every value compared with every position on the axis
+    check_elements(mask, f"{what}'s one-hot comparison", "add fewer values at a time")
+
+    def run() -> Any:
+        with quiet(xp):
+            added = _one_hot_sum(xp, xp.moveaxis(v, ax, -1), idx, n)
+            return xp.add(f, xp.moveaxis(added, -1, ax))
+
+    return allocating(run, f"{what}'s one-hot comparison {list(mask)}")
+
+
 def scatter_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) -> Any:
     """``x``'s dequantized values with ``values`` added at ``indices`` along ``axis``, as floats.
 
@@ -944,9 +1016,7 @@ def scatter_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) 
         raise ShapeError(msg)
     f = floats(qt)
     xp = compat.array_namespace(f)
-    with quiet(xp):
-        added = _one_hot_sum(xp, xp.moveaxis(v, ax, -1), xp.moveaxis(idx, ax, -1), shape[ax])
-        return xp.add(f, xp.moveaxis(added, -1, ax))
+    return _one_hot_add(xp, f, v, ax, xp.moveaxis(idx, ax, -1), "scatter_add")
 
 
 def index_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) -> Any:
@@ -1003,21 +1073,33 @@ def index_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) ->
         raise ShapeError(msg)
     f = floats(qt)
     xp = compat.array_namespace(f)
-    with quiet(xp):
-        added = _one_hot_sum(xp, xp.moveaxis(v, ax, -1), idx, shape[ax])
-        return xp.add(f, xp.moveaxis(added, -1, ax))
+    return _one_hot_add(xp, f, v, ax, idx, "index_add")
+
+
+def _basic_index(k: Any, key: Any) -> Any:
+    """One entry of a basic key with Python ints throughout (NumPy ints read as layout's ``getitem`` does)."""
+    if k is Ellipsis:
+        return k
+    if isinstance(k, slice):
+        raw = (k.start, k.stop, k.step)
+        parts = [None if p is None else as_int(p) for p in raw]
+        if builtins.any(p is None and r is not None for p, r in zip(parts, raw, strict=True)):
+            msg = f"slice_assign slice {k!r} in {key!r} needs integer (or None) start, stop and step"
+            raise ShapeError(msg)
+        return slice(*parts)
+    i = as_int(k)
+    if i is None:
+        msg = f"slice_assign takes basic indices (ints, slices, Ellipsis), got {k!r} in {key!r}"
+        raise ShapeError(msg)
+    return i
 
 
 def _assign_positions(key: Any, shape: tuple[int, ...]) -> tuple[list[list[int]], list[int]]:
     """Per axis the positions ``key`` selects (in selection order) and the axes an int drops."""
-    items = key if isinstance(key, tuple) else (key,)
+    items = tuple(_basic_index(k, key) for k in (key if isinstance(key, tuple) else (key,)))
     if builtins.sum(1 for k in items if k is Ellipsis) > 1:
         msg = f"slice_assign key {key!r} has more than one Ellipsis"
         raise ShapeError(msg)
-    for k in items:
-        if k is not Ellipsis and not isinstance(k, slice) and (isinstance(k, bool) or not isinstance(k, int)):
-            msg = f"slice_assign takes basic indices (ints, slices, Ellipsis), got {k!r} in {key!r}"
-            raise ShapeError(msg)
     named = len(items) - (1 if Ellipsis in items else 0)
     if named > len(shape):
         msg = f"slice_assign key {key!r} indexes {named} axes, but x has only {len(shape)}"
@@ -1213,6 +1295,7 @@ def _extreme(x: QuantizedTensor, axis: Any, keepdims: bool, largest: bool) -> Qu
     qt = _require_quantized(x)
     shape = tuple(qt.shape)
     axes = _axes(axis, len(shape))
+    keepdims = check_flag(keepdims, "keepdims")
     reduced = tuple(range(len(shape))) if axes is None else tuple(sorted(axes))
     kept = tuple(i for i in range(len(shape)) if i not in reduced)
     if keepdims:
@@ -1253,7 +1336,10 @@ _EXTREME_DOC = """
     Raises
     ------
     ShapeError
-        An axis out of range or named twice, or a result a block scheme cannot hold.
+        An axis that is no int (or tuple of ints), out of range or named twice, or a result a block
+        scheme cannot hold.
+    ParamsError
+        ``keepdims`` neither True nor False.
     DTypeError
         ``x`` is not quantized.
     """
@@ -1284,10 +1370,12 @@ def sort(x: QuantizedTensor, /, *, axis: int = -1, descending: bool = False, sta
     Per tensor the codes are reordered (exact, same scale); block schemes requantize the sorted
     values with ``x``'s scheme.
 
-    Raises ShapeError for an axis out of range, DTypeError when ``x`` is not quantized.
+    Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
+    False, DTypeError when ``x`` is not quantized.
     """
     qt = _require_quantized(x)
     ax = _one_axis(axis, len(qt.shape))
+    descending, stable = check_flag(descending, "descending"), check_flag(stable, "stable")
     f = floats(qt)
     xp = compat.array_namespace(f)
     if not _per_tensor(qt):
@@ -1320,7 +1408,9 @@ def topk(x: QuantizedTensor, k: int, /, *, axis: int = -1, largest: bool = True)
     Raises
     ------
     ShapeError
-        ``axis`` out of range or ``k`` outside ``1..x.shape[axis]``.
+        ``axis`` not an int or out of range, ``k`` not an int or outside ``1..x.shape[axis]``.
+    ParamsError
+        ``largest`` neither True nor False.
     DTypeError
         ``x`` is not quantized.
 
@@ -1331,10 +1421,13 @@ def topk(x: QuantizedTensor, k: int, /, *, axis: int = -1, largest: bool = True)
     """
     qt = _require_quantized(x)
     ax = _one_axis(axis, len(qt.shape))
+    largest = check_flag(largest, "largest")
     n = qt.shape[ax]
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n:
+    count = as_int(k)  # NumPy ints count, as layout's counts do; a bool does not
+    if count is None or not 1 <= count <= n:
         msg = f"k must be an int in 1..{n} (the extent of axis {ax}), got {k!r}"
         raise ShapeError(msg)
+    k = count
     f = floats(qt)
     xp = compat.array_namespace(f)
     first = (*(slice(None),) * ax, slice(0, k), ...)

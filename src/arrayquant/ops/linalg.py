@@ -30,12 +30,13 @@ from typing import Any
 
 import array_api_compat as compat
 
+from ..backends.shim import quiet
 from ..dequantize import dequantize
 from ..errors import DTypeError, ParamsError, SchemeError, ShapeError
 from ..invariants import is_real_float, plan_for
 from ..scheme import QuantMode, QuantValue
 from ..tensor import QuantizedTensor
-from ._common import check_propagation, requantize, same_place
+from ._common import allocating, check_elements, check_propagation, requantize, same_place
 
 __all__ = ["PATHS", "matmul", "matmul_path"]
 
@@ -77,7 +78,8 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
     DeviceError
         The operands live in different namespaces or on different devices.
     ShapeError
-        A 0-d operand, inner dimensions that differ, or leading dimensions that do not broadcast.
+        A 0-d operand, inner dimensions that differ, leading dimensions that do not broadcast, or a
+        product (or dequantized operand) past the element limit or beyond memory (huge batch axes).
     SchemeError
         Unknown ``path`` or ``propagation``, or a forced ``path`` that does not apply (the message
         says why and which path does).
@@ -101,12 +103,19 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
     if not isinstance(path, str) or path not in PATHS:
         msg = f"path must be one of {', '.join(map(repr, PATHS))}, got {path!r}"
         raise SchemeError(msg)
-    _check_operands(a, b)
+    shape = _check_operands(a, b)
     chosen = _choose(a, b, path)
-    if chosen == "ternary":
-        return _ternary(a, b)
-    out = _int8(a, b) if chosen == "int8" else _reference(a, b)
-    if prop == "propagate":
+    xp = compat.array_namespace(*(v.values if isinstance(v, QuantizedTensor) else v for v in (a, b)))
+
+    def run() -> Any:
+        # why quiet: inf or huge activations make inf/nan sums, as Burn's do, without NumPy's warnings
+        with quiet(xp):
+            if chosen == "ternary":
+                return _ternary(a, b)
+            return _int8(a, b) if chosen == "int8" else _reference(a, b)
+
+    out = allocating(run, f"the result of matmul {list(shape)}")
+    if prop == "propagate" and chosen != "ternary":
         return requantize(out, b if isinstance(b, QuantizedTensor) else a)
     return out
 
@@ -149,8 +158,8 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(v.shape)
 
 
-def _check_operands(a: Any, b: Any) -> None:
-    """Types, dtypes, namespace and device, then shapes: everything before any arithmetic."""
+def _check_operands(a: Any, b: Any) -> tuple[int, ...]:
+    """Types, dtypes, namespace and device, then shapes: everything before any arithmetic; the result's shape."""
     for name, v in (("a", a), ("b", b)):
         if isinstance(v, QuantizedTensor):
             continue
@@ -181,6 +190,14 @@ def _check_operands(a: Any, b: Any) -> None:
         if x != y and x != 1 and y != 1:
             msg = f"matmul leading dimensions {lead_a} of a {sa} and {lead_b} of b {sb} do not broadcast"
             raise ShapeError(msg)
+    width = max(len(lead_a), len(lead_b))
+    pad_a, pad_b = (1,) * (width - len(lead_a)) + lead_a, (1,) * (width - len(lead_b)) + lead_b
+    lead = tuple(max(x, y) for x, y in zip(pad_a, pad_b, strict=True))
+    rows, cols = sa[-2:-1], (sb[-1:] if len(sb) > 1 else ())  # a 1-d operand's axis is dropped
+    out = (*lead, *rows, *cols)
+    # why before any arithmetic: broadcast batch axes (zero-stride views) can ask for more than any array holds
+    check_elements(out, "the result of matmul", "multiply fewer or smaller batches")
+    return out
 
 
 def _choose(a: Any, b: Any, path: str) -> str:

@@ -2,14 +2,18 @@
 """The opt-in fuzz run: every reader of untrusted input, in memory-capped workers.
 
     python ci/fuzz.py --cases 200000 --seed 1 [--workers 2] [--targets load,cli,nvfp4,bytes]
+    python ci/fuzz.py --targets folder,gguf-meta,ops --cases 3000 --workers 1
     python ci/fuzz.py --replay bytes:1000000042          # one case again, with its traceback
     python ci/fuzz.py --replay bytes:1000000042 --repro  # ... as stand-alone Python
 
 Prints the count of every outcome class (loaded-correct, each library error type, and the
 failures: a non-library exception, a leaked warning, a case over 5 s, the memory cap, a worker
-crash, an inconsistent result, a CLI that exits other than 0/1) and one line per distinct
+crash, an inconsistent result, a CLI that exits other than 0/1, a model folder case that touched
+a file outside its OUT or read a tensor from outside its folder) and one line per distinct
 failure with the command that replays it. Exits 1 when any case failed. The cases and the
 harness are in tests/fuzz_targets.py; tests/test_fuzz.py runs a bounded number of them in CI.
+A replay runs in this process, without the address-space cap (file sizes are capped, as in the
+workers), so a case that failed as ``memory`` may take the machine's memory when replayed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def _replay(spec: str, repro: bool) -> int:
     if repro:
         print(ft.reproducer(case))
         return 0
+    ft._cap_file_size()  # as in the workers: a folder linking /dev/zero must not fill the disk
     ns = ft.warm_up()
     print(f"case {target}:{seed} ({case.kind})")
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,7 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.errors import CorruptDataError, SchemeError
+from arrayquant.errors import CorruptDataError, SchemeError, ShapeError
 from arrayquant.io.checkpoint import save_stream
 from arrayquant.io.ct_model import dequantize_model, load_model, quantize_model
 from arrayquant.io.reader import SafetensorsFile
@@ -44,7 +44,7 @@ def _folder(path: Path, shards: dict[str, dict[str, np.ndarray]], weight_map: di
     """A model folder with these shards and an index mapping each tensor to its shard (or ``weight_map``)."""
     path.mkdir(parents=True, exist_ok=True)
     for shard, tensors in shards.items():
-        save_stream(path / shard, iter(tensors.items()), metadata={"format": "pt"})
+        save_stream(path / shard, iter(tensors.items()), metadata={"format": "pt"}, plain=True)
     mapping = {n: s for s, tensors in shards.items() for n in tensors} if weight_map is None else weight_map
     (path / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": mapping}))
     (path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 96}))
@@ -594,3 +594,74 @@ def test_a_closed_file_is_not_read_again(tmp_path: Path) -> None:
     st.close()
     with pytest.raises(ValueError, match=r"a\.safetensors was closed"):
         st.array("x")
+
+
+# ---------------------------------------------------------------------------------------------
+# cases the folder fuzz target found
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["folder", "loop", "dangling"])
+@pytest.mark.parametrize("name", ["config.json", INDEX])
+def test_a_config_or_index_that_is_not_a_readable_file_is_a_typed_error(tmp_path: Path, kind: str, name: str) -> None:
+    src = _folder(tmp_path / "m", {"model.safetensors": {"a.q_proj.weight": _w(64, 64)}})
+    (src / name).unlink()
+    if kind == "folder":
+        (src / name).mkdir()
+    elif kind == "loop":
+        (src / name).symlink_to(name)
+    else:
+        (src / name).symlink_to(tmp_path / "nowhere.json")
+    why = {"folder": "Is a directory", "loop": "Too many levels of symbolic links", "dangling": "No such file"}[kind]
+    with pytest.raises(CorruptDataError, match=f"{re.escape(name)} cannot be read as .*: {why}"):
+        aq.load(src)
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, ["x"], None, 3.5])
+def test_an_index_whose_shard_names_are_not_strings_is_a_typed_error(tmp_path: Path, value: object) -> None:
+    src = _folder(tmp_path / "m", {"model.safetensors": {"a.q_proj.weight": _w(64, 64)}})
+    (src / INDEX).write_text(json.dumps({"weight_map": {"a.q_proj.weight": value}}))
+    with pytest.raises(CorruptDataError, match="which is not a file name"):
+        aq.load(src)
+
+
+def test_a_link_to_a_folder_outside_in_is_not_followed(tmp_path: Path) -> None:
+    """A link to the folder holding IN once made the copy descend into OUT as it was written."""
+    src = _folder(tmp_path / "case" / "m", {"model.safetensors": {"a.q_proj.weight": _w(64, 64)}})
+    (src / "d").mkdir()
+    (src / "d" / "root").symlink_to(tmp_path / "case")
+    out = tmp_path / "case" / "o" / "q"
+    summary = quantize_model(src, out, "mxfp8")
+    assert summary.refused_files == {"d/root": "a link to a folder outside the model's folder"}
+    assert sorted(p.name for p in (out / "d").iterdir()) == []
+    dequantize_model(out, tmp_path / "case" / "o" / "f")
+
+
+def test_tensor_names_arrayquant_reserves_for_its_own_layout_pass_through_model_folders(tmp_path: Path) -> None:
+    """A model folder is plain safetensors: names such as ``x.scales`` are kept, not refused."""
+    names = {"a.q_proj.weight": _w(64, 64), "b.scales": _w(1, 4)[0], "c.weight_scale.global_scale": _w(1, 2)[0]}
+    src = _folder(tmp_path / "m", {"model.safetensors": names})
+    quantize_model(src, tmp_path / "q", "nvfp4")
+    dequantize_model(tmp_path / "q", tmp_path / "f")
+    back = aq.load(tmp_path / "f")
+    for name in ("b.scales", "c.weight_scale.global_scale"):
+        np.testing.assert_array_equal(back[name], names[name])
+
+
+def test_inspect_shows_a_config_that_is_not_unicode(quantized_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = json.loads((quantized_folder / "config.json").read_text())
+    group = next(iter(config["quantization_config"]["config_groups"].values()))
+    group["input_activations"] = {"type": "\ud800", "num_bits": 8, "strategy": "token", "dynamic": True}
+    (quantized_folder / "config.json").write_text(json.dumps(config))
+    assert main(["inspect", str(quantized_folder)]) == 0
+    assert "input activations \\ud800 8-bit" in capsys.readouterr().out
+
+
+def test_a_plain_file_holds_arrays_under_any_name_but_the_header_key(tmp_path: Path) -> None:
+    qt = aq.quantize(_w(2, 32), "q8s")
+    with pytest.raises(ShapeError, match="tensor 'w' is quantized; a plain safetensors file holds arrays only"):
+        save_stream(tmp_path / "a.safetensors", iter([("w", qt)]), plain=True)
+    for plain in (True, False):
+        with pytest.raises(ShapeError, match="tensor name '__metadata__' is not allowed"):
+            save_stream(tmp_path / "b.safetensors", iter([("__metadata__", _w(1, 2))]), plain=plain)
+    assert not list(tmp_path.iterdir())

@@ -735,7 +735,7 @@ def _inspect_folder(path: str) -> int:
     notes = activation_notes(qc) if qc is not None else []
     if notes:
         print("the config also quantizes, at run time in the engine (not read by arrayquant, which reads weights):")
-        print("\n".join(f"  {note}" for note in notes))
+        print("\n".join(f"  {shown(note)}" for note in notes))
     return 0
 
 

@@ -276,8 +276,16 @@ def _layout(kinds: dict[str, tuple[str, list[int], int]]) -> tuple[dict[str, Any
     return header, offsets
 
 
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name or name.startswith("arrayquant.") or name.endswith(_SIBLINGS):
+def _check_name(name: object, plain: bool = False) -> None:
+    if plain and isinstance(name, str) and name and name != "__metadata__":
+        return  # a plain file has no quantized tensors whose parts a name could be mistaken for
+    if (
+        not isinstance(name, str)
+        or not name
+        or name == "__metadata__"
+        or name.startswith("arrayquant.")
+        or name.endswith(_SIBLINGS)
+    ):
         msg = (
             f"tensor name {name!r} is not allowed; use a non-empty name that does not start with 'arrayquant.' "
             f"nor end with one of {', '.join(repr(s) for s in _SIBLINGS)} (the parts of a quantized tensor)"
@@ -373,9 +381,16 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Any], *, format: st
 
 
 def save_stream(
-    path: str | os.PathLike[str], items: Iterable[tuple[str, Any]], *, metadata: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    items: Iterable[tuple[str, Any]],
+    *,
+    metadata: Mapping[str, str] | None = None,
+    plain: bool = False,
 ) -> None:
     """Write ``(name, tensor)`` pairs as they come, holding one tensor at a time; same file as :func:`save`.
+
+    With ``plain``, the file is a plain safetensors file (a model folder's shard): arrays only, any
+    non-empty names, no arrayquant format key.
 
     ``items`` may be a generator: each quantized tensor or array is written and dropped before the
     next is asked for, so memory stays near the largest tensor. An item may also be a
@@ -394,7 +409,7 @@ def save_stream(
     >>> sorted(aq.load(path)), aq.load(path)["w2"].shape
     (['w0', 'w1', 'w2'], (4, 32))
     """
-    meta = {_FORMAT_KEY: FORMAT_VERSION}
+    meta = {} if plain else {_FORMAT_KEY: FORMAT_VERSION}
     for key, value in (metadata or {}).items():
         if not isinstance(key, str) or not isinstance(value, str) or key.startswith("arrayquant."):
             msg = f"metadata entry {key!r}: {value!r} is not allowed; use strings, keys outside 'arrayquant.'"
@@ -414,7 +429,10 @@ def save_stream(
             if name in names:
                 msg = f"tensor name {name!r} appears twice; each name must be unique"
                 raise ShapeError(msg)
-            parts = _parts(name, item, meta)
+            if plain and isinstance(item, QuantizedTensor):
+                msg = f"tensor {name!r} is quantized; a plain safetensors file holds arrays only"
+                raise ShapeError(msg)
+            parts = _parts(name, item, meta, plain=plain)
             names.add(name)
             _add(kinds, {k: (kind, shape, _nbytes(data)) for k, (data, kind, shape) in parts.items()})
             offsets, part = {}, None
@@ -452,12 +470,14 @@ def _add(into: dict[str, Any], parts: dict[str, Any]) -> None:
     into.update(parts)
 
 
-def _parts(name: str, item: Any, meta: dict[str, str], stored: _Stored | None = None) -> dict[str, _Part]:
+def _parts(
+    name: str, item: Any, meta: dict[str, str], stored: _Stored | None = None, plain: bool = False
+) -> dict[str, _Part]:
     """The entries of one named item; a quantized tensor also describes itself in ``meta``.
 
     ``stored`` is the item's validated (and, if lazy, resolved) arrays when the caller has them.
     """
-    _check_name(name)
+    _check_name(name, plain)
     if isinstance(item, QuantizedTensor):
         meta[_TENSOR_KEY + name] = _describe(item)
         return _stored_entries(name, stored) if stored is not None else _quantized_entries(name, item)

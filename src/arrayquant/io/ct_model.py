@@ -113,8 +113,8 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
         if not isinstance(weight_map, dict) or not weight_map:
             msg = f"{index} has no weight_map; it is not a safetensors index"
             raise CorruptDataError(msg)
-        names = dict.fromkeys(weight_map.values())
-        return [shard_name(folder, name, index) for name in names], True
+        names = [shard_name(folder, name, index) for name in weight_map.values()]  # checked, so hashable
+        return list(dict.fromkeys(names)), True
     if os.path.lexists(folder / SINGLE):
         return [shard_name(folder, SINGLE, folder / SINGLE)], False
     msg = f"{folder} holds neither {SINGLE} nor {INDEX}; save the model with safetensors (save_pretrained does)"
@@ -345,7 +345,9 @@ def _write_shards(
         for out, items in outputs:
             sizes: dict[str, int] = {}
             # one tensor read, quantized and written at a time
-            save_stream(out_dir / out, _recorded(items, sizes), metadata={"format": "pt"})  # transformers needs "pt"
+            save_stream(
+                out_dir / out, _recorded(items, sizes), metadata={"format": "pt"}, plain=True
+            )  # transformers needs "pt"
             written.append((out, sizes))
     if limit is not None:
         written = _rename_parts(out_dir, written)
@@ -395,7 +397,7 @@ def _rename_parts(target: Path, written: list[tuple[str, dict[str, int]]]) -> li
     """Give size-cut shards transformers' names: ``model.safetensors`` alone, else ``model-0000k-of-0000n``."""
     n = len(written)
     if n == 0:  # a model without tensors: one empty file, as save_pretrained writes
-        save_stream(target / SINGLE, iter(()), metadata={"format": "pt"})
+        save_stream(target / SINGLE, iter(()), metadata={"format": "pt"}, plain=True)
         return [(SINGLE, {})]
     named = []
     for k, (part, sizes) in enumerate(written, 1):
@@ -677,7 +679,9 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
             msg = f"{target} is a folder; name the float .safetensors file to write"
             raise ShapeError(msg)
         tensors = iter_model(source, passthrough=True)
-        save_stream(target, _float_items(tensors, out_dtype, quantized_model, result, {}), metadata={"format": "pt"})
+        save_stream(
+            target, _float_items(tensors, out_dtype, quantized_model, result, {}), metadata={"format": "pt"}, plain=True
+        )
         return result
     shards, indexed = weight_files(source)
     _check_target(source, target, "dequantized")
@@ -687,7 +691,7 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
         # one pass over the model, tensor by tensor; each shard is written as its tensors come
         for shard, group in itertools.groupby(iter_model(source, passthrough=True), key=lambda t: t[0]):
             items = _float_items(group, out_dtype, quantized_model, result, where)
-            save_stream(out_dir / shard, items, metadata={"format": "pt"})
+            save_stream(out_dir / shard, items, metadata={"format": "pt"}, plain=True)
         if indexed:
             _write_index(out_dir, {k: s for k, (s, _) in where.items()}, sum(n for _, n in where.values()))
         config.pop("quantization_config", None)

@@ -12,7 +12,7 @@ rules, applied at every entry point (``aq.load``, ``inspect``, ``dequantize``, `
 - files copied beside the weights are copied only when they are regular files after following
   links (a link to a regular file anywhere is copied by content), each bounded by the size it
   had when the copy started; folders are walked without following a link back into a folder
-  already being copied.
+  already being copied, or out of the model's folder (where OUT itself may be being written).
 
 Output paths are built only from names that passed these checks.
 """
@@ -88,10 +88,15 @@ def read_json(path: Path, what: str, limit: int = JSON_LIMIT) -> Any:
     Raises
     ------
     CorruptDataError
-        Not JSON, nested too deep for Python to parse, larger than ``limit``, or not a regular file.
+        Not JSON, nested too deep for Python to parse, larger than ``limit``, not a regular file, or
+        not readable (a folder, a dangling link, a link loop).
     """
-    with open_regular(path) as f:
-        data = f.read(limit + 1)
+    try:
+        with open_regular(path) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:  # a folder, a dangling link, a link loop: the model's file is broken
+        msg = f"{path} cannot be read as {what}: {exc.strerror or exc}"
+        raise CorruptDataError(msg) from None
     if len(data) > limit:
         msg = f"{path} is larger than {limit >> 20} MiB, too large for {what}; it is not a model's"
         raise CorruptDataError(msg)
@@ -190,6 +195,9 @@ def copy_folder(
                 if key in active:
                     refused[str(rel)] = "a link back to a folder that contains it"
                     continue
+                if not src.resolve().is_relative_to(inside):  # it could hold OUT itself, being written
+                    refused[str(rel)] = "a link to a folder outside the model's folder"
+                    continue
                 active.add(key)
                 (into / entry).mkdir()
                 walk(src, into / entry, sorted(os.listdir(src)))
@@ -205,7 +213,7 @@ def copy_folder(
             if folder == source:
                 copied.append(entry)
 
-    top = os.stat(source)
+    top, inside = os.stat(source), source.resolve()
     active.add((top.st_dev, top.st_ino))
     walk(source, target, sorted(os.listdir(source)) if names is None else names)
     return copied, left, refused

@@ -665,3 +665,17 @@ def test_a_plain_file_holds_arrays_under_any_name_but_the_header_key(tmp_path: P
         with pytest.raises(ShapeError, match="tensor name '__metadata__' is not allowed"):
             save_stream(tmp_path / "b.safetensors", iter([("__metadata__", _w(1, 2))]), plain=plain)
     assert not list(tmp_path.iterdir())
+
+
+def test_each_shard_name_of_a_large_index_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index maps thousands of tensors to a few shards: checking every entry cost seconds."""
+    from arrayquant.io import ct_model
+
+    src = _folder(tmp_path / "m", {"model.safetensors": {"a.q_proj.weight": _w(64, 64)}})
+    mapping = {f"t{i}": "model.safetensors" for i in range(50_000)}
+    (src / INDEX).write_text(json.dumps({"weight_map": mapping}))
+    calls: list[object] = []
+    checked = ct_model.shard_name
+    monkeypatch.setattr(ct_model, "shard_name", lambda f, n, i: calls.append(n) or checked(f, n, i))
+    assert ct_model.weight_files(src) == (["model.safetensors"], True)
+    assert calls == ["model.safetensors"]

@@ -113,8 +113,11 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
         if not isinstance(weight_map, dict) or not weight_map:
             msg = f"{index} has no weight_map; it is not a safetensors index"
             raise CorruptDataError(msg)
-        names = [shard_name(folder, name, index) for name in weight_map.values()]  # checked, so hashable
-        return list(dict.fromkeys(names)), True
+        names: dict[str, None] = {}
+        for name in weight_map.values():  # each distinct name checked once: an index lists thousands
+            if not (isinstance(name, str) and name in names):
+                names[shard_name(folder, name, index)] = None
+        return list(names), True
     if os.path.lexists(folder / SINGLE):
         return [shard_name(folder, SINGLE, folder / SINGLE)], False
     msg = f"{folder} holds neither {SINGLE} nor {INDEX}; save the model with safetensors (save_pretrained does)"

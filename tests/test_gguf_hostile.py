@@ -438,3 +438,10 @@ def test_a_zero_extent_quantized_tensor_is_named(tmp_path: Path) -> None:
         aq.load(path)
     with pytest.raises(ShapeError, match=pattern):
         list(G.iter_tensors(path))
+
+
+def test_a_zero_size_tensor_no_array_can_take_is_a_typed_error() -> None:
+    """Found by the 200,000-case fuzz run: a count lie left an empty F32 tensor of shape [0, 2**62, 2**62]."""
+    t = G._Info("w", "F32", (0, 2**62, 2**62), 0, 0)
+    with pytest.raises(ShapeError, match=r"tensor 'w' has shape .*which no array can take"):
+        G._value(np.zeros(0, np.uint8), t, None, None)

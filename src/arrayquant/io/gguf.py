@@ -56,7 +56,15 @@ from typing import Any, NamedTuple, overload
 import numpy as np
 
 from ..backends import default, shim
-from ..errors import BackendUnavailableError, CorruptDataError, DTypeError, ParamsError, SchemeError, ShapeError
+from ..errors import (
+    BackendUnavailableError,
+    CorruptDataError,
+    DTypeError,
+    ParamsError,
+    QuantizationError,
+    SchemeError,
+    ShapeError,
+)
 from ..quantize import quantize
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
@@ -655,6 +663,16 @@ def _ml_dtypes() -> Any:
 
 def _value(raw: np.ndarray, t: _Info, backend: str | None, device: Any) -> tuple[QuantizedTensor | np.ndarray, str]:
     """The tensor as arrayquant holds it, and a note ("" unless it was turned into floats)."""
+    try:
+        return _shaped(raw, t, backend, device)
+    except ValueError as exc:  # NumPy's own refusal of an empty shape no array can take
+        if isinstance(exc, QuantizationError):
+            raise
+        msg = f"tensor {t.name!r} has shape {list(t.shape)}, which no array can take ({exc})"
+        raise ShapeError(msg) from None
+
+
+def _shaped(raw: np.ndarray, t: _Info, backend: str | None, device: Any) -> tuple[QuantizedTensor | np.ndarray, str]:
     if t.type_name in _PLAIN:
         return raw.view(_PLAIN[t.type_name]).reshape(t.shape), ""
     if t.type_name == "BF16":

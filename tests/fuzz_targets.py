@@ -838,18 +838,16 @@ def make_case(target: str, seed: int) -> Case:
         base = r.choice(format_bases(target))
         kind, blob = binary_mutation(r, base) if r.random() < 0.97 else ("base", base)
         return Case(target, seed, kind, blob, cli=seed % 4 == 0)
-    if target == "nvfp4":
-        return _nvfp4_case(r, seed)
-    if target == "bytes":
-        return _bytes_case(r, seed)
-    if target == "quantize":
-        return _quantize_case(r, seed)
-    if target == "folder":
-        return _folder_case(r, seed)
-    if target == "gguf-meta":
-        return _gguf_meta_case(r, seed)
-    if target == "ops":
-        return _ops_case(r, seed)
+    makers = {
+        "nvfp4": _nvfp4_case,
+        "bytes": _bytes_case,
+        "quantize": _quantize_case,
+        "folder": _folder_case,
+        "gguf-meta": _gguf_meta_case,
+        "ops": _ops_case,
+    }
+    if target in makers:
+        return makers[target](r, seed)
     if target == "selftest":
         return Case(target, seed, SELFTEST[seed][0], source=SELFTEST[seed][1])
     msg = f"unknown fuzz target {target!r}; expected one of {TARGETS}"

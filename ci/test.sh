@@ -23,6 +23,11 @@ ruff check . || exit 1
 ruff format --check . || exit 1
 mypy || exit 1
 
+# the GGUF byte tests compare with ggml itself: its quantization sources, compiled from the pinned
+# llama-cpp-python sdist (about a minute the first time, then cached); here a failed build fails CI
+python tests/ggml_oracle.py || exit 1
+export ARRAYQUANT_REQUIRE_GGML_ORACLE=1
+
 python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -73,7 +73,7 @@ def test_console_script_runs_the_demo() -> None:
         [sys.executable, "-m", "arrayquant.cli", "demo", "--rows", "32", "--cols", "64", "--repeat", "1"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=3600,  # a hang guard only: a slow machine is not a failure
         check=False,
     )
     assert proc.returncode == 0, proc.stderr

@@ -355,7 +355,7 @@ def test_demo_needs_no_extras(tmp_path: Path) -> None:
         [sys.executable, "-c", _WITHOUT_EXTRAS, str(tmp_path / "m.safetensors")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=3600,  # a hang guard only: a slow machine is not a failure
         check=False,
     )
     assert proc.returncode == 0, proc.stderr

@@ -258,7 +258,7 @@ def test_signals_remove_temporary_files(stage: str, signame: str, quantized: Pat
             assert any(n.endswith(".tmp") for n in hidden), hidden
         signum = getattr(signal, signame)
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=600)  # a hang guard only
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -604,7 +604,7 @@ def test_console_script_help_runs() -> None:
         [sys.executable, "-m", "arrayquant.cli", "quantize", "--help"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=3600,  # a hang guard only: a slow machine is not a failure
         check=False,
     )
     assert proc.returncode == 0, proc.stderr

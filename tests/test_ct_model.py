@@ -72,7 +72,8 @@ def test_folder_loads_in_transformers(tmp_path: Path, scheme: str, fmt: str, exa
     src, dst = tmp_path / "llama", tmp_path / "llama-q"
     _tiny_llama(src, torch.bfloat16, shards)
     (src / "tokenizer.json").write_text('{"note": "copied as is"}')
-    summary = quantize_model(src, dst, scheme)
+    # each weight alone, as the reference below quantizes it (tests/test_fused_shards.py: shared levels)
+    summary = quantize_model(src, dst, scheme, fused_shards=False)
     # loaded as transformers loads any folder (bf16 weights, f32 rotary buffers), as the other is
     model = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
     assert len(summary.quantized) == LINEARS
@@ -187,11 +188,14 @@ def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     _tiny_llama(src, torch.float32, False)
     assert main(["quantize", str(src), str(tmp_path / "a"), "--scheme", "q8s:block16:ue4m3:tensor:f32"]) == 1
     err = capsys.readouterr().err
-    assert "has no compressed-tensors format; the schemes that map are: nvfp4" in err
-    assert "(arrayquant quantize on a .safetensors file, --format arrayquant)" in err
+    assert "has no compressed-tensors format, the layout a model folder is written in (it holds nvfp4" in err
+    advice = f"arrayquant quantize {src / 'model.safetensors'} {tmp_path / 'a'}.safetensors"
+    assert f"quantize the weights into arrayquant's own layout: {advice}" in err
     assert not (tmp_path / "a").exists()
     assert main(["quantize", str(src), str(tmp_path / "b"), "--scheme", "q8s", "--format", "arrayquant"]) == 1
-    assert "is a model folder: write it with --format compressed-tensors" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is a model folder, which quantize writes as a compressed-tensors folder (drop --format arrayquant)" in err
+    assert f"arrayquant quantize {src / 'model.safetensors'} {tmp_path / 'b'}.safetensors --scheme q8s" in err
     argv = ["quantize", str(src), str(tmp_path / "c"), "--scheme", "mxfp8", "--min-size", "5"]
     assert main(argv) == 1
     assert (
@@ -203,7 +207,7 @@ def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_load_reads_the_folder_back(tmp_path: Path, scheme: str, fmt: str, exact: bool, shards: bool) -> None:
     src, dst = tmp_path / "llama", tmp_path / "llama-q"
     _tiny_llama(src, torch.float32, shards)
-    summary = quantize_model(src, dst, scheme)
+    summary = quantize_model(src, dst, scheme, fused_shards=False)  # each weight alone, as the reference
     original = aq.load(src, backend="numpy") if not shards else None
     from safetensors.numpy import load_file
 
@@ -256,7 +260,7 @@ def test_dequantized_folder_loads_as_a_plain_model(
 
     src, q, back = tmp_path / "llama", tmp_path / "llama-q", tmp_path / "llama-back"
     _tiny_llama(src, torch.bfloat16, shards)
-    summary = quantize_model(src, q, scheme)
+    summary = quantize_model(src, q, scheme, fused_shards=False)  # each weight alone, as the reference
     done = dequantize_model(q, back)
     assert sorted(done.modules) == sorted(summary.quantized)
     assert done.dropped == []
@@ -289,7 +293,8 @@ def test_cli_dequantizes_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["dequantize", str(tmp_path / "q"), str(tmp_path / "d"), "--dtype", "float16"]) == 0
     assert "dequantized 14 weights" in capsys.readouterr().out
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "d")
-    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float32  # config still says float32
+    # --dtype sets the stored weights' dtype, and the config names it: the float model loads in it
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.float16
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:

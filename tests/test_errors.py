@@ -52,6 +52,7 @@ HIERARCHY = {
     "MissingGlobalScaleError": ("ParamsError",),
     "UnexpectedGlobalScaleError": ("ParamsError",),
     "ShapeError": ("QuantizationError",),
+    "PathError": ("ShapeError",),  # a subclass, for code that caught ShapeError for these before
     "NonFiniteInputError": ("QuantizationError",),
     "CorruptDataError": ("QuantizationError",),
     "DTypeError": ("QuantizationError", TypeError),

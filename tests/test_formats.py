@@ -98,7 +98,14 @@ def test_cli_on_gguf_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     """The llama.cpp workflow: re-quantize, inspect, compare, dequantize — all on GGUF files."""
     f16, q8 = tmp_path / "model-f16.gguf", tmp_path / "model-q8_0.gguf"
     weights = _gguf_f16(f16)
-    assert main(["quantize", str(f16), str(q8), "--scheme", "q8_0", "--quiet"]) == 0
+    assert main(["quantize", str(f16), str(q8), "--scheme", "q8_0", "--quiet"]) == 1  # it holds a Q4_1 weight
+    err = capsys.readouterr().err
+    assert "holds 1 weight(s) quantized already that --scheme q8_0 would quantize again" in err
+    assert "(e.g. 'blk.0.q41.weight', Q4_1)" in err
+    assert "rerun with --requantize" in err
+    assert not q8.exists()
+    argv = ["quantize", str(f16), str(q8), "--scheme", "q8_0", "--exclude", "blk.0.q41.weight", "--quiet"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "quantized 2 tensors as Q8_0" in out
     reader = gguf.GGUFReader(str(q8))  # llama.cpp's own reader: keys kept, types by GGUF name
@@ -106,7 +113,7 @@ def test_cli_on_gguf_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["blk.0.attn_q.weight"] == "Q8_0"
     assert types["blk.0.attn_norm.weight"] == "F32"
-    assert types["blk.0.q41.weight"] == "Q4_1"  # already quantized: left as it was
+    assert types["blk.0.q41.weight"] == "Q4_1"  # already quantized and excluded: left as it was
 
     assert main(["inspect", str(q8)]) == 0
     out = capsys.readouterr().out
@@ -165,8 +172,10 @@ def test_cli_safetensors_to_burnpack_and_back(tmp_path: Path, capsys: pytest.Cap
     assert aq.to_bytes(aq.load(named)["fc.weight"]) == aq.to_bytes(aq.quantize(x, "q8s"))
 
     again = tmp_path / "model-q8.bpk"
-    assert main(["quantize", str(bpk), str(again), "--scheme", "q8s"]) == 0  # a .bpk in: a .bpk out
-    assert "quantized 0 tensors" in capsys.readouterr().out  # its weight is quantized already
+    assert main(["quantize", str(bpk), str(again), "--scheme", "q8s"]) == 1  # its weight is quantized already
+    assert "holds 1 weight(s) quantized already that --scheme q8s would quantize again" in capsys.readouterr().err
+    assert main(["quantize", str(bpk), str(again), "--scheme", "q8s", "--requantize"]) == 0  # a .bpk in: a .bpk out
+    assert "re-quantized 1 of them through float32 (--requantize): q4s:block32:f16 x1" in capsys.readouterr().out
     assert main(["inspect", str(bpk)]) == 0
     assert re.search(r"fc\.weight\s+16x128\s+q4s:block32:f16", capsys.readouterr().out)
     assert main(["compare", str(src), str(bpk)]) == 0

@@ -417,6 +417,9 @@ def test_quantize_file_keeps_everything_and_quantizes_as_llama_quantize(tmp_path
         "output.weight",
     ]
     assert summary.quantized == quantized
+    # rows of 48 are no whole Q8_0 blocks: llama-quantize's tensor_type_fallback writes F16
+    assert summary.fallback == {"blk.0.ffn_down.weight": "F16"}
+    assert types["blk.0.ffn_down.weight"] == "F16"
     assert summary.type_name == "Q8_0"
     assert summary.format == "gguf"
     assert {n for n, t in types.items() if t == "Q8_0"} == set(quantized)
@@ -425,7 +428,6 @@ def test_quantize_file_keeps_everything_and_quantizes_as_llama_quantize(tmp_path
             "already quantized as Q4_1; llama-quantize does not re-quantize by default, copied unchanged"
         ),
         "blk.0.ffn_gate_inp.weight": "llama-quantize keeps '*ffn_gate_inp.weight*' tensors as they are",
-        "blk.0.ffn_down.weight": "rows of 48 values are not whole Q8_0 blocks of 32; kept as F32",
         "blk.0.mask": "not a weight (llama-quantize quantizes tensors whose names end in 'weight')",
     }
     # tensors left alone are byte for byte the same; quantized ones are aq.quantize's, read by gguf-py
@@ -435,8 +437,11 @@ def test_quantize_file_keeps_everything_and_quantizes_as_llama_quantize(tmp_path
             x = np.asarray(by_in[t.name].data).astype(np.float32)  # the F16/F32/BF16 values as stored
             if by_in[t.name].tensor_type.name == "BF16":
                 x = gguf.quants.dequantize(np.asarray(by_in[t.name].data), GT.BF16)
-            expected = aq.dequantize(aq.quantize(x, gguf_types.scheme_of("Q8_0")))
+            expected = aq.dequantize(aq.quantize(x, gguf_types.scheme_of("Q8_0"), calibration="ggml"))
             np.testing.assert_array_equal(_bits(gguf.quants.dequantize(np.asarray(t.data), GT.Q8_0)), _bits(expected))
+        elif t.name in summary.fallback:
+            f32 = np.asarray(by_in[t.name].data).astype(np.float32)
+            assert np.asarray(t.data).tobytes() == f32.astype("<f2").tobytes()
         else:
             assert t.tensor_type == by_in[t.name].tensor_type
             assert np.asarray(t.data).tobytes() == np.asarray(by_in[t.name].data).tobytes()
@@ -450,16 +455,15 @@ def test_quantize_file_to_every_exact_type(tmp_path: Path, type_name: str) -> No
     x = rng.standard_normal((2, 3, 512)).astype(np.float32)
     _write(src, [("blk.0.ffn_up.weight", x.astype(np.float16), "F16"), ("blk.0.ffn_norm.weight", x[0, 0], "F32")])
     summary = G.quantize_file(src, dst, type_name.lower())
-    written = gguf_types.type_of(gguf_types.scheme_of(type_name))  # TQ1_0's scheme is TQ2_0's
+    written = type_name  # tq1_0 too, though its scheme is TQ2_0's
     assert summary.quantized == ["blk.0.ffn_up.weight"]
     assert summary.type_name == written
     r = gguf.GGUFReader(str(dst))
     assert [t.tensor_type.name for t in r.tensors] == [written, "F32"]
     assert r.fields["general.file_type"].contents() == int(getattr(gguf.LlamaFileType, f"MOSTLY_{written}", 38))
     got = gguf.quants.dequantize(np.asarray(r.tensors[0].data), r.tensors[0].tensor_type)
-    expected = np.asarray(
-        aq.dequantize(aq.quantize(x.astype(np.float16).astype(np.float32), gguf_types.scheme_of(type_name)))
-    )
+    f32 = x.astype(np.float16).astype(np.float32)
+    expected = np.asarray(aq.dequantize(aq.quantize(f32, gguf_types.scheme_of(type_name), calibration="ggml")))
     np.testing.assert_array_equal(got, expected)  # -0 and +0 compare equal: GGUF's FP4 table has no -0
     nonzero = expected != 0
     np.testing.assert_array_equal(_bits(got)[nonzero], _bits(expected)[nonzero])

@@ -92,7 +92,8 @@ API_NAMES = [
     "compute_range", "compute_q_params", "quantize", "dequantize", "round_up_scales", "pack", "unpack",
     "to_bytes", "from_bytes", "quantized_nbytes", "asarray", "backends",
     "QuantizationError", "SchemeError", "ParamsError", "MissingGlobalScaleError", "UnexpectedGlobalScaleError",
-    "ShapeError", "NonFiniteInputError", "CorruptDataError", "DTypeError", "BackendUnavailableError", "DeviceError",
+    "ShapeError", "PathError", "NonFiniteInputError", "CorruptDataError", "DTypeError", "BackendUnavailableError",
+    "DeviceError",
 ]  # fmt: skip
 
 
@@ -119,7 +120,7 @@ def test_quant_value() -> None:
 
 def test_quant_mode_and_calibration() -> None:
     assert [m.name for m in aq.QuantMode] == ["SYMMETRIC", "LOOKUP"]
-    assert [c.name for c in aq.Calibration] == ["MINMAX", "ABSMEAN", "MSE", "PERCENTILE", "FOUR_OVER_SIX"]
+    assert [c.name for c in aq.Calibration] == ["MINMAX", "ABSMEAN", "MSE", "PERCENTILE", "FOUR_OVER_SIX", "GGML"]
     assert aq.MSE() == aq.MSE(grid=100, max_shrink=0.2, norm=2.4)
     assert aq.Percentile().q == 99.9
     assert aq.QuantScheme().with_mode("lookup").mode is aq.QuantMode.LOOKUP

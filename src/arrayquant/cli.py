@@ -1,8 +1,10 @@
 """The ``arrayquant`` command: ``demo`` (the main job), ``backends``, ``bench``, and checkpoint tools.
 
-``quantize``, ``dequantize``, ``inspect`` and ``compare`` work on safetensors checkpoints; their
-work is in :mod:`arrayquant.cli_commands`, which imports tqdm and matplotlib only when a subcommand
-needs them, so ``demo`` and ``backends`` run on NumPy and array-api-compat alone.
+``quantize``, ``dequantize``, ``inspect`` and ``compare`` work on safetensors files, Hugging Face
+model folders, GGUF and Burnpack files (an OUT named ``.safetensors``, ``.gguf`` or ``.bpk`` is
+written in that format, or refused); their work is in :mod:`arrayquant.cli_commands`, which
+imports tqdm and matplotlib only when a subcommand needs them, so ``demo`` and ``backends`` run on
+NumPy and array-api-compat alone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import functools
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -288,11 +291,84 @@ _SCHEME_HELP = (
 )
 
 
+_SUFFIX_FORMAT = {".safetensors": "arrayquant", ".gguf": "gguf", ".bpk": "burnpack"}
+_FORMAT_NAME = {"arrayquant": "safetensors", "gguf": "GGUF", "burnpack": "Burnpack", "compressed-tensors": "folder"}
+_SUFFIX = {"arrayquant": ".safetensors", "gguf": ".gguf", "burnpack": ".bpk"}
+_GGUF_SOURCE = (
+    "GGUF files come from llama.cpp's converters (convert_hf_to_gguf.py), which add the model's "
+    "architecture and tokenizer; arrayquant re-quantizes a GGUF file given as IN"
+)
+
+
+def _named_format(output: str) -> str | None:
+    """The format OUT's suffix names (``.safetensors``, ``.gguf``, ``.bpk``), or None."""
+    return _SUFFIX_FORMAT.get(Path(output).suffix.lower())
+
+
 def _out_format(kind: str, output: str) -> str:
     """``--format`` by default: the input's own format, or for safetensors the output's suffix."""
     if kind in ("gguf", "burnpack"):
         return kind
     return "burnpack" if Path(output).suffix.lower() == ".bpk" else "arrayquant"
+
+
+def _folder_out(a: argparse.Namespace, fmt: str, named: str | None) -> None:
+    """Refuse a model folder IN whose OUT or ``--format`` asks for one file, with the command that writes it."""
+    src, out = commands.shown(a.input), commands.shown(a.output)
+    if "gguf" in (fmt, named):
+        f16 = commands.shown(shlex.quote(commands._with_suffix(a.output, "-f16.gguf")))
+        msg = (
+            f"IN {src} is a model folder and OUT {out} a GGUF file, which arrayquant does not write from a folder: "
+            f"{_GGUF_SOURCE}. Convert the folder with llama.cpp (python convert_hf_to_gguf.py {src} --outtype f16 "
+            f"--outfile {f16}), then quantize that file: arrayquant quantize {f16} "
+            f"{commands.shown(shlex.quote(a.output))} --scheme {commands.shown(shlex.quote(a.scheme))}"
+        )
+        raise commands.CommandError(msg)
+    if fmt == "compressed-tensors":  # OUT named .safetensors or .bpk
+        assert named is not None
+        msg = (
+            f"IN {src} is a model folder, which quantize writes as a compressed-tensors folder, and OUT {out} "
+            f"names a {_FORMAT_NAME[named]} file: name a new folder, or for one {_FORMAT_NAME[named]} file, "
+            "quantize the weights: " + commands.weights_file_command(a.input, a.output, a.scheme)
+        )
+        raise commands.CommandError(msg)
+    target = a.output if named == fmt else commands._with_suffix(a.output, _SUFFIX[fmt])
+    msg = (
+        f"IN {src} is a model folder, which quantize writes as a compressed-tensors folder (drop --format "
+        f"{fmt}); for one {_FORMAT_NAME[fmt]} file, quantize the weights: "
+        + commands.weights_file_command(a.input, target, a.scheme)
+    )
+    raise commands.CommandError(msg)
+
+
+def _check_out_name(a: argparse.Namespace, kind: str, fmt: str) -> None:
+    """Refuse an OUT whose suffix names another format than the one quantize would write there."""
+    named = _named_format(a.output)
+    if kind == "folder" and (fmt != "compressed-tensors" or named is not None):
+        _folder_out(a, fmt, named)
+    if named is None or named == fmt:
+        return
+    out = commands.shown(a.output)
+    if fmt == "compressed-tensors":
+        msg = (
+            f"--format compressed-tensors writes a model folder, and OUT {out} names a {_FORMAT_NAME[named]} "
+            f"file: name a new folder (without {Path(a.output).suffix})"
+        )
+    elif kind in ("gguf", "burnpack") and fmt == kind:
+        msg = (
+            f"IN {commands.shown(a.input)} is a {kind} file: quantize writes {kind} from it, and OUT {out} names a "
+            f"{_FORMAT_NAME[named]} file; name OUT with {_SUFFIX[kind]}, or turn IN into safetensors with "
+            f"arrayquant dequantize first"
+        )
+    elif named == "gguf":
+        msg = _GGUF_SOURCE
+    else:
+        given = f"--format {fmt}" if a.format else f"IN {commands.shown(a.input)}"
+        msg = (
+            f"OUT {out} names a {_FORMAT_NAME[named]} file but {given} makes quantize write "
+            f"{_FORMAT_NAME[fmt]}: name OUT with {_SUFFIX.get(fmt, '')}, or drop --format"
+        )
+    raise commands.CommandError(msg)
 
 
 def _quantize(a: argparse.Namespace) -> int:
@@ -301,7 +377,22 @@ def _quantize(a: argparse.Namespace) -> int:
     if source.is_dir():
         kind = "folder"
     fmt = a.format or ("compressed-tensors" if kind == "folder" else _out_format(kind, a.output))
+    if kind in ("gguf", "burnpack") and fmt != kind:
+        msg = (
+            f"IN {commands.shown(a.input)} is a {kind} file: quantize writes {kind} from it; turn it into "
+            "safetensors with arrayquant dequantize first"
+        )
+        raise commands.CommandError(msg)
+    if fmt == "gguf" and kind not in ("gguf", "folder"):
+        raise commands.CommandError(_GGUF_SOURCE)
+    _check_out_name(a, kind, fmt)
     arrayquant_only = a.min_size or a.backend or a.device or a.nonfinite != "error"
+    if a.requantize and kind not in ("gguf", "burnpack"):
+        msg = (
+            "--requantize applies to GGUF and Burnpack IN; turn a quantized safetensors file or model folder "
+            "into floats with arrayquant dequantize, then quantize that"
+        )
+        raise commands.CommandError(msg)
     if fmt == "compressed-tensors":
         if arrayquant_only:
             msg = "--min-size, --backend, --device and --nonfinite apply to --format arrayquant only"
@@ -316,17 +407,13 @@ def _quantize(a: argparse.Namespace) -> int:
             max_shard_size=a.max_shard_size,
             calibration=a.calibration,
             importance=a.importance,
+            fused_shards=not a.no_fused_shards,
         )
-    if a.max_shard_size is not None:
-        msg = "--max-shard-size applies to --format compressed-tensors only (model folders)"
-        raise commands.CommandError(msg)
-    if kind in ("gguf", "burnpack"):
-        if fmt != kind:
-            msg = (
-                f"IN {commands.shown(a.input)} is a {kind} file: quantize writes {kind} from it; turn it into "
-                "safetensors with arrayquant dequantize first"
-            )
+    for given, flag in ((a.max_shard_size is not None, "--max-shard-size"), (a.no_fused_shards, "--no-fused-shards")):
+        if given:
+            msg = f"{flag} applies to --format compressed-tensors only (model folders)"
             raise commands.CommandError(msg)
+    if kind in ("gguf", "burnpack"):
         if arrayquant_only:
             msg = f"--min-size, --backend, --device and --nonfinite do not apply to {kind} files"
             raise commands.CommandError(msg)
@@ -340,16 +427,8 @@ def _quantize(a: argparse.Namespace) -> int:
             quiet=a.quiet,
             calibration=a.calibration,
             importance=a.importance,
+            requantize=a.requantize,
         )
-    if fmt == "gguf":
-        msg = (
-            "GGUF files come from llama.cpp's converters (convert_hf_to_gguf.py), which add the model's "
-            "architecture and tokenizer; arrayquant re-quantizes a GGUF file given as IN"
-        )
-        raise commands.CommandError(msg)
-    if kind == "folder":
-        msg = f"IN {commands.shown(a.input)} is a model folder: write it with --format compressed-tensors"
-        raise commands.CommandError(msg)
     return commands.quantize_checkpoint(
         a.input,
         a.output,
@@ -368,27 +447,59 @@ def _quantize(a: argparse.Namespace) -> int:
 
 
 def _dequantize(a: argparse.Namespace) -> int:
-    kind = detect(a.input) if Path(a.input).exists() else "arrayquant"  # a missing IN is reported further on
+    source = Path(a.input)
+    kind = detect(source) if source.exists() else "arrayquant"  # a missing IN is reported further on
+    named = _named_format(a.output)
+    src, out = commands.shown(a.input), commands.shown(a.output)
     if kind == "compressed-tensors":
+        if source.is_dir() and named is not None:
+            msg = f"IN {src} is a model folder: dequantize writes a float model folder, and OUT {out} names a file"
+            raise commands.CommandError(msg + "; name a new folder")
+        if named not in (None, "arrayquant"):
+            msg = (
+                f"IN {src} is a compressed-tensors file: dequantize writes a float safetensors file from it, and "
+                f"OUT {out} names a {_FORMAT_NAME[named]} file; name OUT with .safetensors"
+            )
+            raise commands.CommandError(msg)
         return commands.dequantize_model_folder(a.input, a.output, a.dtype)
     if kind in ("gguf", "burnpack"):
+        if named == kind:
+            return commands.dequantize_same_format(kind, a.input, a.output, a.dtype)
+        if named not in (None, "arrayquant"):
+            msg = (
+                f"IN {src} is a {kind} file: dequantize writes {kind} (OUT named {_SUFFIX[kind]}) or safetensors "
+                f"from it, and OUT {out} names a {_FORMAT_NAME[named]} file; name OUT with {_SUFFIX[kind]} or "
+                ".safetensors"
+            )
+            raise commands.CommandError(msg)
         return commands.dequantize_file(a.input, a.output, a.dtype)
-    return commands.dequantize_checkpoint(a.input, a.output, a.dtype)
+    if named == "gguf":
+        raise commands.CommandError(_GGUF_SOURCE)
+    return commands.dequantize_checkpoint(a.input, a.output, a.dtype, out_format=named or "arrayquant")
 
 
 def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q = _subparser(
         sub,
         "quantize",
-        help="quantize the weights of a safetensors checkpoint, one tensor at a time",
+        help="quantize the weights of a safetensors file, model folder, GGUF or Burnpack file, one tensor at a time",
         description="Quantize the floating tensors that match (by default the 2-D weights, not norms or biases) "
-        "and copy the rest unchanged.",
+        "and copy the rest unchanged. IN is a .safetensors file, a Hugging Face model folder, a .gguf or a .bpk "
+        "file; OUT is written in the format --format says, and a suffix of OUT (.safetensors, .gguf, .bpk) must "
+        "name that format. The summary gives the sizes, the mean and worst SQNR, and warns about tensors below "
+        f"{commands.QUALITY_FLOOR_DB:g} dB.",
     )
-    q.add_argument("input", metavar="IN", help="input .safetensors file or Hugging Face model folder (never changed)")
+    q.add_argument(
+        "input",
+        metavar="IN",
+        help="a .safetensors file, a Hugging Face model folder (config.json and model.safetensors or its shards), "
+        "a .gguf or a .bpk file (never changed)",
+    )
     q.add_argument(
         "output",
         metavar="OUT",
-        help="output .safetensors file (written atomically; not IN), or a new folder for --format compressed-tensors",
+        help="written atomically, never IN: a .safetensors or .bpk file from a .safetensors IN, a new folder "
+        "from a model folder (compressed-tensors), a .gguf from a .gguf, a .bpk from a .bpk",
     )
     q.add_argument(
         "--format",
@@ -405,8 +516,21 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.add_argument(
         "--max-shard-size",
         metavar="SIZE",
-        help="compressed-tensors: cut the weights into shards of at most SIZE (5GB, 500MB, 2GiB), named and "
-        "indexed as save_pretrained does (default: the input's shards)",
+        help="compressed-tensors: cut the weights into shards of at most SIZE, with a unit: 5GB, 500MB, 2GiB "
+        "(B for bytes; a bare number is refused), named and indexed as save_pretrained does (default: the "
+        "input's shards)",
+    )
+    q.add_argument(
+        "--no-fused-shards",
+        action="store_true",
+        help="compressed-tensors: give each weight its own per-tensor scale, not the one shared by the weights "
+        "vLLM and SGLang fuse into one layer (q/k/v, gate/up), which their nvfp4 and per-tensor fp8 layers need",
+    )
+    q.add_argument(
+        "--requantize",
+        action="store_true",
+        help="GGUF and Burnpack: quantize weights that IN holds quantized already in another type, through "
+        "float32 (as llama-quantize --allow-requantize; without it they are refused)",
     )
     q.add_argument("--backend", help="array backend (default: aq.backends.default())")
     q.add_argument("--device", help="device such as cpu, cuda, cuda:1 (default: the backend's)")
@@ -420,7 +544,8 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     q.add_argument(
         "--calibration",
         metavar="TEXT",
-        help="how each block's scale is chosen: minmax (Burn's, the default), absmean, mse (a clip search for the "
+        help="how each block's scale is chosen: minmax (Burn's, the default), ggml (llama.cpp's own quantizer, "
+        "the default for a .gguf OUT: llama-quantize's bytes), absmean, mse (a clip search for the "
         "smallest error; options as mse:grid=50,max_shrink=0.3,norm=2), percentile (percentile:99.5), 4over6 "
         "(nvfp4: map each block's max to 6 or to 4, whichever errs less)",
     )
@@ -432,7 +557,11 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=_quantize)
-    d = _subparser(sub, "dequantize", help="turn the quantized tensors of a checkpoint back into floats")
+    d = _subparser(
+        sub,
+        "dequantize",
+        help="turn the quantized tensors of a safetensors file, model folder, GGUF or Burnpack file back into floats",
+    )
     d.add_argument(
         "input",
         metavar="IN",
@@ -441,18 +570,24 @@ def _checkpoint_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     d.add_argument(
         "output",
         metavar="OUT",
-        help="output .safetensors file of floats (written atomically; not IN), or a new folder for a folder IN; "
-        "GGUF types without an arrayquant scheme are written as the float values gguf reads them as",
+        help="written atomically, never IN, in the format its name says: a .safetensors file of floats from any "
+        "file; a .gguf from a .gguf and a .bpk from a .bpk or .safetensors (every key/value, id and other "
+        "tensor kept); a new folder from a folder. GGUF types without an arrayquant scheme are written as the "
+        "float values gguf reads them as",
     )
     d.add_argument(
-        "--dtype", choices=["float32", "float16", "bfloat16"], help="float dtype (default: each tensor's original)"
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        help="float dtype of the quantized tensors (default: each tensor's original; float32 for GGUF and Burnpack)",
     )
     d.set_defaults(func=_dequantize)
     i = _subparser(sub, "inspect", help="list the tensors of a checkpoint: shape, scheme or dtype, bytes, scales")
     i.add_argument("file", metavar="FILE", help=".safetensors file, model folder, .gguf or .bpk file")
     i.set_defaults(func=lambda a: commands.inspect_checkpoint(a.file))
     c = _subparser(sub, "compare", help="per-tensor SQNR and maximum error of a quantized checkpoint")
-    c.add_argument("original", metavar="ORIGINAL", help="the float .safetensors checkpoint")
+    c.add_argument(
+        "original", metavar="ORIGINAL", help="the float model: a .safetensors file, model folder, .gguf or .bpk file"
+    )
     c.add_argument("quantized", metavar="QUANTIZED", help="the quantized (or dequantized) checkpoint made from it")
     c.add_argument(
         "--plot", metavar="FILE.png", help="also draw a histogram of the errors (matplotlib: .png, .pdf, .svg, ...)"

@@ -18,8 +18,10 @@ import itertools
 import math
 import os
 import re
+import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import tempfile
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,9 @@ from .dequantize import dequantize
 from .errors import (
     BackendUnavailableError,
     NonFiniteInputError,
+    PathError,
     QuantizationError,
+    SchemeError,
     ShapeError,
 )
 from .invariants import plan_for
@@ -42,7 +46,7 @@ from .io.checkpoint import is_compressed_tensors, save_stream
 from .io.reader import _PLAIN, _SIBLINGS, Checkpoint, Entry, _ml_dtype
 from .metrics import ErrorMeter
 from .quantize import quantize
-from .scheme import QuantScheme
+from .scheme import QuantScheme, QuantStore
 from .storage import fields_per_word
 from .tensor import QuantizedTensor
 
@@ -59,6 +63,7 @@ __all__ = [
     "dequantize_checkpoint",
     "dequantize_file",
     "dequantize_model_folder",
+    "dequantize_same_format",
     "inspect_checkpoint",
     "quantization_error",
     "quantize_checkpoint",
@@ -66,6 +71,7 @@ __all__ = [
     "quantize_model_folder",
     "selected",
     "shown",
+    "weights_file_command",
     "write_demo_checkpoint",
 ]
 
@@ -196,6 +202,31 @@ def _tqdm() -> Any:
     return tqdm
 
 
+@contextlib.contextmanager
+def _progress(quiet: bool) -> Iterator[Callable[[str], None]]:
+    """A callback counting tensors on a progress bar that appears with the first tensor.
+
+    A refusal raised before any tensor is read (a path in use, a folder that is no model)
+    leaves stderr with its one error line, no empty bar before it.
+    """
+    tqdm = None if quiet else _tqdm()
+    bars: list[Any] = []
+
+    def step(name: str) -> None:
+        if tqdm is None:
+            return
+        if not bars:
+            bars.append(tqdm(desc="quantize", unit=" tensors", file=sys.stderr, dynamic_ncols=True))
+        bars[0].set_postfix_str(shown(name), refresh=False)
+        bars[0].update(1)
+
+    try:
+        yield step
+    finally:
+        for bar in bars:
+            bar.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # reading a safetensors file tensor by tensor
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +348,23 @@ def _sqnr_summary(rows: Sequence[tuple[str, ErrorStats]]) -> str:
     return f"SQNR: mean {_fmt_db(mean)} dB, worst {_fmt_db(worst.sqnr)} dB ({shown(worst_name)})"
 
 
+QUALITY_FLOOR_DB = 3.0  # an SQNR below it: the error holds more than half the energy of the weights
+
+
+def _quality_warning(rows: Sequence[tuple[str, ErrorStats]]) -> None:
+    """Warn on stderr about quantized tensors whose SQNR is below :data:`QUALITY_FLOOR_DB`, or NaN."""
+    low = [(n, s) for n, s in rows if not s.sqnr >= QUALITY_FLOOR_DB]
+    if not low:
+        return
+    name, worst = min(low, key=lambda r: _worst_first(r[1].sqnr))
+    print(
+        f"warning: {len(low)} of {len(rows)} quantized tensors are below {QUALITY_FLOOR_DB:g} dB SQNR, where the "
+        f"error holds more than half the energy of the weights (worst {_fmt_db(worst.sqnr)} dB, {shown(name)}); "
+        "a scheme with more bits or smaller blocks, or --calibration mse, keeps more of them",
+        file=sys.stderr,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # the subcommands
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +441,7 @@ def quantize_checkpoint(
                 f"(e.g. {next(iter(ck.described))!r}); "
                 "quantize the original checkpoint, or `arrayquant dequantize` this one first"
             )
-            raise QuantizationError(msg)
+            raise PathError(msg)
         chosen = {e.name for e in ck.tensors if selected(e, include, exclude, min_size)}
         if importance is not None:
             from .io.importance import check_importance
@@ -460,6 +508,7 @@ def quantize_checkpoint(
         print(f"importance: {weighted} of {len(results)} quantized tensors weighted by {shown(importance or '')}")
     print(f"size: {before / _MiB:.1f} MiB -> {after / _MiB:.1f} MiB ({before / max(after, 1):.2f}x smaller)")
     print(_sqnr_summary(results))
+    _quality_warning(results)
     if zeroed:
         first = next(iter(zeroed))
         print(
@@ -496,23 +545,24 @@ def quantize_model_folder(
     max_shard_size: str | None = None,
     calibration: str | None = None,
     importance: str | None = None,
+    fused_shards: bool = True,
 ) -> int:
-    """``arrayquant quantize IN OUT --format compressed-tensors``: a model folder transformers and vLLM load."""
-    from .io.ct_formats import weight_format
+    """``arrayquant quantize IN OUT --format compressed-tensors``: a model folder transformers and vLLM load.
+
+    A scheme whose values compressed-tensors holds in another store (``e4m3``, whose default store
+    packs four values in a u32, is stored one value per byte) is written in that store, with a
+    note. It ends with the sizes of the weight files before and after, the mean and worst SQNR of
+    the quantized weights (measured after writing, one weight at a time, against IN's floats) and
+    a warning for any below :data:`QUALITY_FLOOR_DB`.
+    """
     from .io.ct_model import parse_size, quantize_model
 
     scheme = check_scheme(scheme_text)
-    weight_format(scheme)  # a scheme with no compressed-tensors format fails before any work
-    limit = None if max_shard_size is None else parse_size(max_shard_size)
+    scheme, note = _folder_scheme(scheme, scheme_text, src, dst)  # no format: refused before any work
+    limit = None if max_shard_size is None else parse_size(_shard_size(max_shard_size))
     vectors = _importance_for(src, importance)
     _not_the_input(src, dst)
-    tqdm = _tqdm()
-    with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
-
-        def step(name: str) -> None:
-            bar.set_postfix_str(shown(name), refresh=False)
-            bar.update(1)
-
+    with _progress(quiet) as step:
         summary = quantize_model(
             src,
             dst,
@@ -523,7 +573,10 @@ def quantize_model_folder(
             max_shard_size=limit,
             calibration=calibration or "minmax",
             importance=vectors,
+            fused_shards=fused_shards,
         )
+    if note:
+        print(note)
     print(f"quantized {len(summary.quantized)} Linear weights with {scheme} as {summary.format}")
     for module, why in sorted(summary.left_out.items()):
         print(f"  left in float: {shown(module)} ({why})")
@@ -534,8 +587,132 @@ def quantize_model_folder(
         print(f"not copied: {names} (float weights in another format, which an engine could load instead)")
     for name, why in sorted(summary.refused_files.items()):
         print(f"not copied: {shown(name)} ({why})")
+    before = sum(p.stat().st_size for p in _weight_paths(src))
+    after = sum((Path(dst) / shard).stat().st_size for shard in summary.shards)
+    print(
+        f"size: {before / _MiB:.1f} MiB -> {after / _MiB:.1f} MiB of weight files "
+        f"({before / max(after, 1):.2f}x smaller)"
+    )
+    results = _folder_errors(src, dst)
+    print(_sqnr_summary(results))
+    _quality_warning(results)
     print(f"wrote {shown(dst)} ({len(summary.shards)} weight file(s), config.json with its quantization_config)")
+    for warning in summary.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _shard_size(text: str) -> str:
+    """``--max-shard-size`` with its unit; a bare number is refused (it would be bytes: 5 is 5 bytes)."""
+    if re.fullmatch(r"\s*\d+\s*", text):
+        n = text.strip()
+        msg = (
+            f"--max-shard-size {n} has no unit; write one, e.g. {n}GB, {n}MB or {n}GiB "
+            f"({n}B if you mean {n} bytes, which puts nearly every tensor in a shard of its own)"
+        )
+        raise CommandError(msg)
+    return text
+
+
+_FOLDER_SCHEMES = (
+    "nvfp4, mxfp8, mxfp4, e4m3 (an f32, f16 or bf16 scale per tensor, row, group or 2-d block) and q8s, q4s, q2s, "
+    "q8f, q4f, q2f (an f32, f16 or bf16 scale per tensor, row or group)"
+)
+
+
+def _folder_scheme(scheme: QuantScheme, text: str, src: str, dst: str) -> tuple[QuantScheme, str]:
+    """The scheme a compressed-tensors folder is written with, and a note ("" or how it differs).
+
+    A scheme that maps only in another store (``e4m3`` packed in u32 words, its default: the
+    format stores one FP8 value per byte) is written in that store, values unchanged. Any other
+    scheme without a compressed-tensors format is a :class:`SchemeError` that names the file
+    command which keeps it.
+    """
+    from .io.ct_formats import weight_format
+
+    try:
+        weight_format(scheme)
+        return scheme, ""
+    except SchemeError:
+        pass
+    native = dataclasses.replace(scheme, store=QuantStore.native())
+    if native != scheme:
+        try:
+            weight_format(native)
+        except SchemeError:
+            pass
+        else:
+            return native, (
+                f"note: compressed-tensors stores {scheme.value.name.lower()} values one per byte: {text} is "
+                f"written as {native} (the same values, stored unpacked)"
+            )
+    msg = (
+        f"scheme {text} has no compressed-tensors format, the layout a model folder is written in (it holds "
+        f"{_FOLDER_SCHEMES}); to keep {text}, quantize the weights into arrayquant's own layout: "
+        + weights_file_command(src, _with_suffix(dst, ".safetensors"), text)
+    )
+    raise SchemeError(msg)
+
+
+def _with_suffix(path: str, suffix: str) -> str:
+    """``path`` named with ``suffix`` instead of a format's suffix (or with it added)."""
+    p = Path(path.rstrip("/\\") or path)
+    if p.suffix.lower() in (".safetensors", ".gguf", ".bpk"):
+        p = p.with_suffix("")
+    return str(p) + suffix
+
+
+def _weight_paths(src: str) -> list[Path]:
+    """The weight files of a model folder (or the one file given)."""
+    from .io.ct_model import weight_files
+
+    source = Path(src)
+    return [source] if source.is_file() else [source / name for name in weight_files(source)[0]]
+
+
+def weights_file_command(src: str, out: str, scheme_text: str) -> str:
+    """The ``arrayquant quantize`` command line that writes the weights of ``src`` (a model folder
+    or a file) to the file ``out``, quoted for a POSIX shell; for a sharded folder, its first
+    shard's, with a word on the others."""
+    files = _weight_paths(src)
+    line = f"arrayquant quantize {shlex.quote(str(files[0]))} {shlex.quote(out)} --scheme {shlex.quote(scheme_text)}"
+    if len(files) > 1:
+        line += f" (for its first of {len(files)} shards; the others alike, each to a file of its own)"
+    return shown(line)
+
+
+def _folder_errors(src: str, dst: str) -> list[tuple[str, ErrorStats]]:
+    """The error of every quantized weight of the folder ``dst`` against its float in ``src``.
+
+    Read after writing, one weight at a time: the compressed-tensors entries decoded from
+    ``dst`` and the float tensor read from ``src``'s file a slab of rows at a time.
+    """
+    from .io.ct_model import iter_model
+    from .io.reader import SafetensorsFile
+
+    results: list[tuple[str, ErrorStats]] = []
+    with contextlib.ExitStack() as stack:
+        where: dict[str, SafetensorsFile] = {}
+        for path in _weight_paths(src):
+            st = stack.enter_context(SafetensorsFile(path))
+            where.update(dict.fromkeys(st.entries, st))
+        for _, name, tensor in iter_model(dst, passthrough=True):
+            if isinstance(tensor, QuantizedTensor) and name in where:
+                results.append((name, quantization_error(_Rows(where[name], name), tensor, ErrorStats())))
+            del tensor
+    return results
+
+
+class _Rows:
+    """A tensor of an open safetensors file whose row slabs are read as :func:`quantization_error` asks
+    for them (``x[rows, ...]``): the float weight is never whole in memory, as when it was quantized."""
+
+    def __init__(self, st: Any, name: str) -> None:
+        self.st, self.name = st, name
+
+    def __getitem__(self, key: tuple[slice, Any]) -> np.ndarray:
+        rows = key[0]
+        return np.asarray(self.st.rows(self.name, rows.start, rows.stop))
 
 
 def _importance_for(src: str, importance: str | None) -> dict[str, np.ndarray] | None:
@@ -561,36 +738,203 @@ def quantize_format_file(
     quiet: bool = False,
     calibration: str | None = None,
     importance: str | None = None,
+    requantize: bool = False,
 ) -> int:
-    """``arrayquant quantize IN OUT`` for a GGUF or Burnpack IN: the same format out, everything else kept."""
+    """``arrayquant quantize IN OUT`` for a GGUF or Burnpack IN: the same format out, everything else kept.
+
+    A weight that the run would quantize but that IN holds quantized already, in another type or
+    scheme, is refused with a :class:`PathError` (llama-quantize refuses them too, without
+    ``--allow-requantize``): quantizing quantized values adds a second error to the first. With
+    ``requantize`` each such weight is dequantized to float32 (into a hidden temporary file beside
+    OUT, removed at the end) and quantized from there.
+    """
     from .io.formats import format_module
 
     module = format_module(kind)
     _output_folder(dst)
     _not_the_input(src, dst)
     vectors = _importance_for(src, importance)
-    tqdm = _tqdm()
-    with tqdm(desc="quantize", unit=" tensors", file=sys.stderr, disable=quiet, dynamic_ncols=True) as bar:
-
-        def step(name: str) -> None:
-            bar.set_postfix_str(shown(name), refresh=False)
-            bar.update(1)
-
+    again = _quantized_already(kind, src, scheme_text, include, exclude)
+    if again and not requantize:
+        first = next(iter(again))
+        msg = (
+            f"IN {shown(src)} holds {len(again)} weight(s) quantized already that --scheme {shown(scheme_text)} "
+            f"would quantize again (e.g. {first!r}, {again[first]}); quantizing quantized values adds a second "
+            "error to the first, so they are not re-quantized by default: quantize the float model, or rerun "
+            "with --requantize to dequantize each to float32 and quantize it from there"
+        )
+        raise PathError(msg)
+    with _progress(quiet) as step, _float_copy(kind, src, dst, again) as source:
         summary = module.quantize_file(
-            src,
+            source,
             dst,
             scheme_text,
             include=include,
             exclude=exclude,
             progress=step,
-            calibration=calibration or "minmax",
+            # GGUF's default is ggml's own quantizer (llama-quantize's bytes); Burnpack's is minmax
+            **({} if calibration is None else {"calibration": calibration}),
             importance=vectors,
         )
     what = getattr(summary, "type_name", None) or scheme_text
     print(f"quantized {len(summary.quantized)} tensors as {what}")
+    if again:
+        done = [n for n in again if n in summary.quantized]
+        print(f"re-quantized {len(done)} of them through float32 (--requantize): {_kinds(again, done)}")
+    for name, other in getattr(summary, "fallback", {}).items():
+        print(f"  {shown(name)}: rows of {what} blocks do not fit, written as {other} (llama-quantize's fallback)")
     for name, why in sorted(summary.left_out.items()):
+        if name in again:
+            why = f"{why}; it was {again[name]} in IN, dequantized to float32 by --requantize"
         print(f"  left as it was: {shown(name)} ({why})")
+    lost = [n for n in again if n not in summary.quantized]
+    if lost:
+        print(
+            f"warning: {len(lost)} weight(s) quantized in IN could not be quantized as {what} and are float32 now "
+            f"(e.g. {lost[0]!r}); see the lines above",
+            file=sys.stderr,
+        )
     print(f"wrote {shown(dst)} ({Path(dst).stat().st_size / _MiB:.1f} MiB, {kind})")
+    return 0
+
+
+def _kinds(was: dict[str, str], names: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[was[n]] = counts.get(was[n], 0) + 1
+    return ", ".join(f"{k} x{c}" for k, c in counts.items()) or "none"
+
+
+_GGUF_PLAIN = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})  # arrays, not quantized
+
+
+def _quantized_already(
+    kind: str, src: str, scheme_text: str, include: Sequence[str], exclude: Sequence[str]
+) -> dict[str, str]:
+    """The weights of ``src`` that ``quantize_file`` would quantize were they float, which are quantized
+    in another type or scheme than the one asked for, with what they are (read from the header alone).
+
+    The choice is the format module's own, asked about each weight as if it were F32.
+    """
+    if kind == "gguf":
+        from .io import gguf
+
+        _, type_name = gguf._target(scheme_text)
+        with gguf._opened(src) as f:
+            return {
+                t.name: t.type_name
+                for t in f.tensors
+                if t.type_name not in _GGUF_PLAIN
+                and t.type_name != type_name
+                and gguf._why_kept(t._replace(type_name="F32"), type_name, include, exclude) is None
+            }
+    from .io import burnpack
+
+    target = QuantScheme.parse(scheme_text)
+    with burnpack.BurnpackFile(src) as bp:
+        return {
+            e.name: str(e.scheme)
+            for e in bp.entries
+            if e.scheme is not None
+            and e.scheme != target
+            and burnpack._why_not(e._replace(dtype="F32", scheme=None), include, exclude) is None
+        }
+
+
+@contextlib.contextmanager
+def _float_copy(kind: str, src: str, dst: str, names: Collection[str]) -> Iterator[str]:
+    """``src`` itself, or with ``names`` a hidden copy beside ``dst`` with those tensors dequantized
+    to float32 (everything else as stored), removed on the way out."""
+    if not names:
+        yield src
+        return
+    folder = Path(dst).parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{Path(dst).name}.", suffix=f".float{Path(src).suffix}", dir=folder)
+    os.close(fd)
+    try:
+        _float_file(kind, src, tmp, np.dtype(np.float32), names)
+        yield tmp
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _float_file(kind: str, src: str, dst: str, dtype: np.dtype[Any], names: Collection[str] | None) -> tuple[int, int]:
+    """Write the GGUF or Burnpack file ``src`` to ``dst`` in its own format with its quantized tensors
+    (those in ``names``; all with None) dequantized to ``dtype``, one tensor at a time; every other
+    tensor, key/value, param id and scalar as stored. Returns (tensors dequantized, tensors written)."""
+    return (_float_gguf if kind == "gguf" else _float_burnpack)(src, dst, dtype, names)
+
+
+def _float_gguf(src: str, dst: str, dtype: np.dtype[Any], names: Collection[str] | None) -> tuple[int, int]:
+    from .io import gguf
+
+    g = gguf._gguf()
+    type_name = gguf._ARRAY_TYPES[dtype.name]
+    with gguf._opened(src) as f:
+        fields = f.fields()
+        pairs = gguf._pairs(f)
+        weight_of = {scale: weight for weight, (scale, _) in pairs.scales.items()}
+        floats = {t.name for t in f.tensors if t.type_name not in _GGUF_PLAIN and (names is None or t.name in names)}
+        plan = []
+        for t in f.tensors:
+            if t.name in floats:
+                plan.append((t, gguf._Out(t.name, type_name, t.shape, math.prod(t.shape) * dtype.itemsize)))
+            elif weight_of.get(t.name) not in floats:  # an NVFP4 scale goes into its dequantized weight
+                plan.append((t, gguf._Out(t.name, t.type_name, t.shape, t.nbytes)))
+        if floats and gguf._FTYPE_KEY in fields:
+            fields[gguf._FTYPE_KEY] = g.GGUFValue(gguf._file_type(type_name), g.GGUFValueType.UINT32)
+        arch = fields.get(gguf._ARCH_KEY)
+        with gguf._writing(Path(dst), arch.value if arch is not None else "", fields, [o for _, o in plan]) as w:
+            for t, o in plan:
+                if t.name in floats:
+                    value, _ = gguf._read(f, t, pairs, "numpy", None)
+                    if isinstance(value, QuantizedTensor):
+                        value = dequantize(value, dtype)
+                    data = np.ascontiguousarray(np.asarray(value).astype(dtype, copy=False))  # little-endian, as GGUF
+                    del value
+                else:
+                    data = f.raw(t)
+                gguf._write(w, o, data.reshape(-1).view(np.uint8))
+                del data
+    return len(floats), len(plan)
+
+
+def _float_burnpack(src: str, dst: str, dtype: np.dtype[Any], names: Collection[str] | None) -> tuple[int, int]:
+    from .io import burnpack
+
+    counts = [0, 0]
+    with burnpack.BurnpackFile(src) as bp:
+
+        def items() -> Iterator[tuple[str, Any]]:
+            for e in bp.entries:
+                counts[1] += 1
+                if e.scheme is not None and (names is None or e.name in names):
+                    qt, _ = bp.tensor(e.name)
+                    counts[0] += 1
+                    yield e.name, dequantize(qt, dtype)
+                    del qt
+                else:
+                    yield e.name, burnpack._Stored(bp, e)  # copied as stored
+
+        burnpack.save_stream(dst, items(), param_ids=bp.param_ids, metadata=bp.metadata, scalars=bp.scalars)
+    return counts[0], counts[1]
+
+
+def dequantize_same_format(kind: str, src: str, dst: str, dtype: str | None = None) -> int:
+    """``arrayquant dequantize IN.gguf OUT.gguf`` (and ``.bpk`` alike): the file back to floats in its format.
+
+    Quantized tensors become ``dtype`` (default float32); every other tensor, and the file's
+    key/values (GGUF: ``general.file_type`` set to the float type), param ids and scalars
+    (Burnpack), are kept as stored.
+    """
+    _output_folder(dst)
+    _not_the_input(src, dst)
+    out_dtype = _np_dtype(dtype or "float32")
+    done, total = _float_file(kind, src, dst, out_dtype, None)
+    size = Path(dst).stat().st_size / _MiB
+    print(f"dequantized {done} of {total} tensors to {out_dtype.name}; wrote {shown(dst)} ({size:.1f} MiB, {kind})")
+    if not done:
+        print(f"warning: {shown(src)} holds no quantized tensor; the output is a copy of the input", file=sys.stderr)
     return 0
 
 
@@ -615,8 +959,9 @@ def dequantize_model_folder(src: str, dst: str, dtype: str | None = None) -> int
     return 0
 
 
-def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None) -> int:
-    """``arrayquant dequantize``: every quantized tensor back to floats (``dtype``, default its original)."""
+def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None, out_format: str = "arrayquant") -> int:
+    """``arrayquant dequantize``: every quantized tensor back to floats (``dtype``, default its original),
+    into a safetensors file or, with ``out_format="burnpack"``, a Burnpack file."""
     counts = {"quantized": 0}
     _output_folder(dst)
     _not_the_input(src, dst)
@@ -631,11 +976,18 @@ def dequantize_checkpoint(src: str, dst: str, dtype: str | None = None) -> int:
                 else:
                     yield e.name, ck.passthrough(e.name)  # copied as stored, a chunk at a time
 
-        save_stream(dst, items(), metadata=ck.user_metadata)
+        if out_format == "burnpack":
+            from .io.formats import format_module
+
+            format_module("burnpack").save_stream(dst, items(), metadata=ck.user_metadata)
+        else:
+            save_stream(dst, items(), metadata=ck.user_metadata)
     what = dtype or "their original dtypes"
     size = Path(dst).stat().st_size / _MiB
+    kind = ", burnpack" if out_format == "burnpack" else ""
     print(
-        f"dequantized {counts['quantized']} of {len(ck.tensors)} tensors to {what}; wrote {shown(dst)} ({size:.1f} MiB)"
+        f"dequantized {counts['quantized']} of {len(ck.tensors)} tensors to {what}; wrote {shown(dst)} "
+        f"({size:.1f} MiB{kind})"
     )
     if not counts["quantized"]:
         print(f"warning: {shown(src)} holds no quantized tensor; the output is a copy of the input", file=sys.stderr)

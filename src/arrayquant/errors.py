@@ -15,6 +15,7 @@ __all__ = [
     "MissingGlobalScaleError",
     "NonFiniteInputError",
     "ParamsError",
+    "PathError",
     "QuantizationError",
     "SchemeError",
     "ShapeError",
@@ -44,6 +45,17 @@ class UnexpectedGlobalScaleError(ParamsError):
 
 class ShapeError(QuantizationError):
     """Data, scale-grid, block or value shapes that disagree."""
+
+
+class PathError(ShapeError):
+    """An input or output path the operation cannot use, whatever the data in it.
+
+    A source that is not a model folder (or is missing), a source that is quantized already, a
+    destination that exists and is not an empty folder, or one that lies inside the source.
+    It derives from :class:`ShapeError`, which these problems raised before it existed, so code
+    that catches ``ShapeError`` for them keeps working; catch ``PathError`` to tell them apart
+    from shapes that disagree.
+    """
 
 
 class NonFiniteInputError(QuantizationError):

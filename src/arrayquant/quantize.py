@@ -30,7 +30,7 @@ from .invariants import (
     check_finite as check_data_finite,
 )
 from .invariants.importance import check_importance
-from .invariants.plan import CalSpec, check_calibration_spec
+from .invariants.plan import CalSpec, check_calibration_spec, ggml_kind
 from .kernels import (
     block_scales,
     effective_scale,
@@ -107,6 +107,13 @@ def compute_range(
     spec = check_calibration_spec(calibration, plan)
     xp, device = check_input(x, plan)
     shape = tuple(int(n) for n in x.shape)
+    if spec.kind is Calibration.GGML:
+        msg = (
+            "compute_range cannot express calibration 'ggml': llama.cpp's codes do not follow from a range "
+            "(Q8_0 rounds with the scale before it is stored, Q4_0 keeps the sign of the largest element); "
+            "call quantize(x, scheme, calibration='ggml') instead"
+        )
+        raise SchemeError(msg)
     if spec.kind in (Calibration.MINMAX, Calibration.ABSMEAN):
         if importance is not None:
             check_importance(importance, spec.kind, shape, xp, device)
@@ -321,6 +328,8 @@ def quantize(
     spec = check_calibration_spec(calibration, plan)
     xp, device = check_input(x, plan)
     shape = tuple(int(n) for n in x.shape)
+    if spec.kind is Calibration.GGML:
+        return _quantize_ggml(x, plan, params, importance, table, xp, device)
     imp = None
     if importance is not None:
         if params is not None:
@@ -344,6 +353,40 @@ def quantize(
     with shim.quiet(xp):
         kx = shim.kernel_namespace(xp)
         return _quantize(x, plan, given, tab, spec, rounding, check_finite, readable, kx, device, imp)
+
+
+def _quantize_ggml(
+    x: Any, plan: Plan, params: Any, importance: Any, table: Any, xp: Any, device: Any
+) -> QuantizedTensor:
+    """``calibration="ggml"``: llama.cpp's reference quantizer, on the host in f32 as ggml runs it."""
+    kind = ggml_kind(plan)
+    assert kind is not None  # check_calibration_spec refused the others
+    extra = [n for n, v in (("params", params), ("importance", importance), ("table", table)) if v is not None]
+    if extra:
+        msg = (
+            f"calibration 'ggml' computes its own scales from the data, as llama-quantize without an imatrix "
+            f"does; drop {', '.join(extra)}, or use calibration='mse' to weight a search by importance"
+        )
+        raise ParamsError(msg)
+    if dask_graph.handles(x):
+        msg = "calibration 'ggml' runs eagerly on the host; pass x.compute() (or a NumPy array) instead of a Dask array"
+        raise SchemeError(msg)
+    shape = tuple(int(n) for n in x.shape)
+    from .fused import ggml_reference  # host NumPy, as the other fused kernels
+
+    per = ggml_reference.KINDS[kind][1]
+    if shape[-1] % per:
+        msg = (
+            f"calibration 'ggml' quantizes whole blocks of {per} along the last axis, as ggml does, but x has "
+            f"{shape[-1]} there; pad the rows, or use calibration='minmax', which pads a partial block"
+        )
+        raise ShapeError(msg)
+    codes, scales = ggml_reference.quantize_host(x, kind)  # on the host in f32, as llama.cpp runs it
+    name = shim.backend_name(x)
+    kx = shim.kernel_namespace(xp)
+    move = lambda a: shim.convert(a, name, device)
+    values = pack_codes(move(codes), plan, xp=kx)
+    return QuantizedTensor(plan.scheme, shape, x.dtype, values, move(scales), None, None)
 
 
 def _search_tensor(x: Any, chunks: list[Any], steps: Steps, amax: Any, tab: Any, imp: Any, xp: Any) -> Any:

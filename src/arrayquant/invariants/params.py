@@ -53,24 +53,28 @@ def _as_f32(value: Any, name: str, xp: Any, device: Any) -> Any:
     return out
 
 
-def check_scale_values(arr: Any, name: str, xp: Any) -> None:
-    """Refuse NaN, infinite or negative scales (only on arrays that can be read now)."""
+def check_scale_values(arr: Any, name: str, xp: Any, *, signed: bool = False) -> None:
+    """Refuse NaN, infinite or (unless ``signed``) negative scales (only on arrays that can be read now)."""
     if not can_read(arr):
         return
     flat = xp.reshape(arr, (-1,))
     if flat.shape[0] == 0:
         return
     # two reductions, no grid-sized temporaries (min and max propagate NaN); the masks only on failure
-    ok = xp.logical_and(xp.min(flat) >= 0, xp.max(flat) < math.inf)
+    low = -math.inf if signed else 0
+    ok = xp.logical_and(xp.min(flat) > low if signed else xp.min(flat) >= low, xp.max(flat) < math.inf)
     if not can_read(ok) or bool(ok):  # unreadable: concrete scales used inside a jax.jit trace
         return
-    bad = xp.logical_or(xp.logical_not(xp.isfinite(flat)), flat < 0)
+    bad = xp.logical_not(xp.isfinite(flat))
+    if not signed:
+        bad = xp.logical_or(bad, flat < 0)
     if bool(xp.any(bad)):
         i = int(xp.argmax(xp.astype(bad, xp.uint8)))
         count = int(xp.sum(xp.astype(bad, xp.int32), dtype=xp.int32))
+        rule = "finite" if signed else "finite and >= 0"
         msg = (
             f"{name} has {count} invalid entr{'y' if count == 1 else 'ies'} (first at flat index {i}: "
-            f"{float(flat[i])}); scales must be finite and >= 0, so recompute them from clean data"
+            f"{float(flat[i])}); scales must be {rule}, so recompute them from clean data"
         )
         raise ParamsError(msg)
 
@@ -119,7 +123,8 @@ def check_params(
             f"{shape} needs {grid} ({level}); recompute them with aq.compute_q_params"
         )
         raise ShapeError(msg)
-    check_scale_values(scales, f"{what}.scales", xp)
+    # stored scales of integer codes may carry a sign (ggml's Q4_0); computed or given ones may not
+    check_scale_values(scales, f"{what}.scales", xp, signed=what == "qt" and plan.signed_scales)
     glob = None
     if params.global_scale is not None:
         glob = _as_f32(params.global_scale, f"{what}.global_scale", xp, device)

@@ -20,6 +20,7 @@ __all__ = [
     "check_calibration",
     "check_calibration_spec",
     "check_rounding",
+    "ggml_kind",
     "plan_for",
 ]
 
@@ -43,6 +44,21 @@ class Plan:
     @property
     def store_kind(self) -> str:
         return self.scheme.store.kind
+
+    @property
+    def signed_scales(self) -> bool:
+        """Whether stored scales may be negative: integer codes under one level of F32/F16/BF16.
+
+        ``code * scale`` reads the same either way; ggml's Q4_0 (and any Q8_0 or TQ block a
+        writer chose to flip) stores ``d < 0``, so tensors read from GGUF keep that sign.
+        Calibrations never compute one except ``"ggml"`` for Q4_0.
+        """
+        return (
+            not self.value.is_float
+            and self.scheme.mode is QuantMode.SYMMETRIC
+            and not self.two_level
+            and self.scale_dtype in (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16)
+        )
 
     def block_dims(self, shape: int | tuple[int, ...]) -> tuple[int, ...]:
         """Block extents for data of ``shape`` (``()`` for a per-tensor scheme).
@@ -162,6 +178,24 @@ def check_rounding(rounding: str, plan: Plan) -> str:
         )
         raise ParamsError(msg)
     return rounding
+
+
+# (value, block, scale dtype) of the one-level schemes that are GGUF block types -> the type whose
+# ggml reference quantizer calibration="ggml" runs (TQ1_0's is TQ2_0's: the same codes and scales)
+_GGML_KINDS = {
+    (QuantValue.Q8F, 32, ScaleDtype.F16): "Q8_0",
+    (QuantValue.Q4F, 32, ScaleDtype.F16): "Q4_0",
+    (QuantValue.Q2S, 256, ScaleDtype.F16): "TQ2_0",
+    (QuantValue.E2M1, 32, ScaleDtype.UE8M0): "MXFP4",
+    (QuantValue.E2M1, 16, ScaleDtype.UE4M3): "NVFP4",
+}
+
+
+def ggml_kind(plan: Plan) -> str | None:
+    """The GGUF type whose ggml quantizer gives ``plan``'s codes and scales, or None."""
+    if plan.two_level or plan.block is None or len(plan.block.dims) != 1 or plan.scheme.mode is QuantMode.LOOKUP:
+        return None
+    return _GGML_KINDS.get((plan.value, plan.block.dims[0], plan.scale_dtype))
 
 
 def check_calibration(calibration: Any, plan: Plan) -> Calibration:
@@ -298,6 +332,13 @@ def check_calibration_spec(calibration: Any, plan: Plan) -> CalSpec:
         else:
             spec = CalSpec(cal)
     kind = spec.kind
+    if kind is Calibration.GGML and ggml_kind(plan) is None:
+        maps = "; ".join(f"{v.value}:block{b}:{d.name.lower()} ({t})" for (v, b, d), t in _GGML_KINDS.items())
+        msg = (
+            f"calibration 'ggml' is llama.cpp's quantizer for the GGUF block types, and {plan.scheme} is none of "
+            f"them; it is defined for {maps} (any store). Use calibration='minmax' for other schemes"
+        )
+        raise SchemeError(msg)
     if kind is Calibration.ABSMEAN and plan.two_level:
         msg = (
             f"calibration 'absmean' is not defined for the two-level scheme {plan.scheme}; "

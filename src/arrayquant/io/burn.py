@@ -33,10 +33,12 @@ def _exponent(v: np.ndarray) -> np.ndarray:
 def encode_scales(s: np.ndarray, dtype: ScaleDtype) -> bytes:
     """Stored f32 scales as ``dtype`` bytes; refuses scales that are not on the grid."""
     s = np.ascontiguousarray(s, dtype=np.float32).reshape(-1)
+    # the signed dtypes keep a sign bit (ggml's negative Q4_0 scales): their magnitude is on the grid
+    mag = np.abs(s) if dtype in (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16) else s
     with np.errstate(all="ignore"):
-        on_grid = round_up_scales(s, dtype, xp=np)
+        on_grid = round_up_scales(mag, dtype, xp=np)
     # 0 stands for UE8M0's smallest value on backends that flush 2^-127 to zero
-    ok = (on_grid == s) | ((dtype is ScaleDtype.UE8M0) & (s == 0))
+    ok = (on_grid == mag) | ((dtype is ScaleDtype.UE8M0) & (s == 0))
     if not np.all(ok):
         i = int(np.argmin(ok))
         msg = (
@@ -244,7 +246,7 @@ def from_bytes(
     check_codes(values, plan, "stored values")
     scales = decode_scales(raw[value_bytes : value_bytes + scale_bytes], plan.scale_dtype, n_scales)
     scales = scales.reshape(plan.grid_shape(shape))
-    check_scale_values(scales, "stored scales", np)
+    check_scale_values(scales, "stored scales", np, signed=plan.signed_scales)
     glob = None
     if plan.two_level:
         glob = np.frombuffer(raw[value_bytes + scale_bytes :], dtype="<f4", count=1).astype(np.float32)

@@ -18,7 +18,7 @@ from ..tensor import QuantizedTensor
 from . import ct_float, ct_int
 from .compressed_tensors import read_nvfp4, write_nvfp4
 
-__all__ = ["MAPPED", "read_weight", "weight_format", "write_weight"]
+__all__ = ["BF16_FORMATS", "MAPPED", "read_weight", "weight_format", "write_weight"]
 
 
 class _Codec(Protocol):
@@ -85,6 +85,13 @@ _INT_MAPPED = "q8s/q8f, q4s/q4f, q2s/q2f with one f32/f16/bf16 scale per tensor,
 # what the codecs can hold, for the error that lists it
 MAPPED = ("nvfp4 -> nvfp4-pack-quantized", *ct_float.MAPPED, _INT_MAPPED)
 _CODECS: tuple[_Codec, ...] = (_NVFP4(), ct_float, ct_int)  # type: ignore[assignment]
+# Formats whose weights compressed-tensors (0.20.1) decompresses into bfloat16 whatever the model's dtype:
+# compressors/nvfp4/helpers.py unpack_fp4_from_uint8 (NVFP4, and MXFP4 through its subclass) unpacks into
+# its default dtype=torch.bfloat16, and compressors/mx_utils.py decompress_mx_scale returns bfloat16 scales,
+# in which the MXFP8 weight is then dequantized (forward.dequantize: dtype = scale.dtype). The other formats
+# dequantize in the dtype of the scale parameter compressed-tensors creates, the model's own dtype
+# (quantization/lifecycle/initialize.py initialize_qparams: scale_dtype = observed_dtype).
+BF16_FORMATS = frozenset({NVFP4_FORMAT, ct_float.MXFP8, ct_float.MXFP4})
 
 
 def weight_format(scheme: QuantScheme, shape: tuple[int, ...] | None = None) -> tuple[str, dict[str, Any]]:

@@ -35,13 +35,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import CorruptDataError, SchemeError, ShapeError
+from ..errors import CorruptDataError, PathError, SchemeError, ShapeError
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
 from .checkpoint import save_stream
 from .ct_config import modules_quantization_config, quantization_config, weight_groups
-from .ct_formats import read_weight, weight_format
-from .ct_stream import quantize_entry
+from .ct_formats import BF16_FORMATS, read_weight, weight_format
+from .ct_stream import fits_format, quantize_entry, shared_level, tensor_level
+from .fused_shards import fused_groups, fusions_for, shares_tensor_level
 from .paths import copy_folder, read_json, shard_name
 from .patterns import matches
 from .reader import SafetensorsFile
@@ -78,6 +79,33 @@ class ModelSummary:
     skipped_files: list[str] = field(default_factory=list)  # float weights of other formats, not copied
     refused_files: dict[str, str] = field(default_factory=dict)  # not regular files, not copied -> why
     shards: list[str] = field(default_factory=list)
+    # the engine's fused layer (``...self_attn.qkv_proj``) -> its quantized modules, which share one
+    # per-tensor level (NVFP4's global, an FP8 per-tensor scale); see ``fused_shards`` of quantize_model
+    fused_groups: dict[str, list[str]] = field(default_factory=dict)
+    # what a reader of the folder should know: loaders known to misread it (see _loader_warnings)
+    warnings: list[str] = field(default_factory=list)
+
+
+# transformers 5 (at least to 5.24, with compressed-tensors 0.20) gathers the per-expert weights of an
+# MoE block into one fused 3-d parameter and decompresses them itself (DecompressExperts): NVFP4
+# experts lose their weight_global_scale (transformers issue 48371, values off by the global's
+# inverse), MXFP4 experts are not found (left at their random initial values) and MXFP8 experts
+# stop the load; experts left in float beside them stop the load too. vLLM and SGLang load all
+# three as written; FP8 and integer experts load in both.
+_MOE_EXPERTS = re.compile(r"\.experts\.\d+\.")
+
+
+def _loader_warnings(formats: set[str], modules: Sequence[str]) -> list[str]:
+    experts = [m for m in modules if _MOE_EXPERTS.search(m)]
+    bad = sorted(formats & BF16_FORMATS)
+    if not experts or not bad:
+        return []
+    return [
+        f"{len(experts)} MoE expert weights are {'/'.join(bad)}: vLLM and SGLang load them as written, but "
+        "transformers (5.x, to at least 5.24) misreads quantized experts of these formats (NVFP4 loses its "
+        "per-tensor scale, transformers issue 48371; MXFP4 experts are left unloaded; MXFP8 stops the load). "
+        "To run this model in transformers, quantize it with an FP8 or integer scheme (e4m3, q4s:block32:bf16)"
+    ]
 
 
 def _model_config(folder: Path) -> dict[str, Any]:
@@ -100,7 +128,7 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
 
     Raises
     ------
-    ShapeError
+    PathError
         A folder with no ``model.safetensors`` and no index (the model must be in safetensors).
     CorruptDataError
         An index that is not JSON, has no ``weight_map``, or names a shard outside the folder, a
@@ -121,17 +149,17 @@ def weight_files(folder: Path) -> tuple[list[str], bool]:
     if os.path.lexists(folder / SINGLE):
         return [shard_name(folder, SINGLE, folder / SINGLE)], False
     msg = f"{folder} holds neither {SINGLE} nor {INDEX}; save the model with safetensors (save_pretrained does)"
-    raise ShapeError(msg)
+    raise PathError(msg)
 
 
 def _check_target(source: Path, target: Path, what: str) -> None:
     """``target`` must not exist (or be an empty folder) and must not lie inside ``source``."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         msg = f"{target} exists and is not an empty folder; name a new folder for the {what} model"
-        raise ShapeError(msg)
+        raise PathError(msg)
     if source.is_dir() and target.resolve().is_relative_to(source.resolve()):
         msg = f"{target} lies inside {source}; write the {what} model beside it, not into it"
-        raise ShapeError(msg)
+        raise PathError(msg)
 
 
 @contextlib.contextmanager
@@ -190,11 +218,28 @@ _SKIP_PARTS = frozenset({"wte", "wpe", "shared", "relative_attention_bias"})
 _CONV1D_MODELS = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
 
 
+# MoE routers: vLLM builds them unquantized (Mixtral's and DeepSeek's gate is a ReplicatedLinear with
+# quant_config=None, Qwen2-MoE's shared_expert_gate a plain Linear), and transformers 5 holds Mixtral's
+# and DeepSeek-V3's as a bare parameter of the MoE block, which reads no compressed-tensors entries:
+# a quantized router would be left at its random initial values (module name, parent module names)
+_ROUTERS = (("gate", ("mlp", "block_sparse_moe", "moe", "feed_forward")), ("router", ()), ("shared_expert_gate", ()))
+
+
+def _router(name: str) -> bool:
+    parts = name.lower().split(".")
+    if len(parts) < 2:
+        return False
+    last, parent = parts[-2], parts[-3] if len(parts) > 2 else ""
+    return any(last == r and (not parents or parent in parents) for r, parents in _ROUTERS)
+
+
 def _skip_reason(name: str, shape: tuple[int, ...], vocab: int | None) -> str | None:
-    """Why a 2-d weight is not a ``Linear`` to quantize (embedding, head, norm), or None."""
+    """Why a 2-d weight is not a ``Linear`` to quantize (embedding, head, norm, MoE router), or None."""
     lowered = name.lower()
     if any(word in lowered for word in _SKIP_NAMES) or _SKIP_PARTS.intersection(lowered.split(".")):
         return "embedding, head or norm (left in float, as llm-compressor does)"
+    if _router(name):
+        return "MoE router (left in float, as vLLM builds it and transformers reads it)"
     # outside the numbered layers, a weight with a row per token is an embedding or a head
     if vocab is not None and shape[0] == vocab and not any(part.isdigit() for part in name.split(".")):
         return f"{vocab} rows, the vocabulary size, outside the layers: an embedding or output head (left in float)"
@@ -218,6 +263,7 @@ def quantize_model(
     max_shard_size: int | str | None = None,
     calibration: Any = "minmax",
     importance: Mapping[str, Any] | None = None,
+    fused_shards: bool = True,
 ) -> ModelSummary:
     """Quantize the ``Linear`` weights of a Hugging Face model folder into a compressed-tensors folder.
 
@@ -244,6 +290,17 @@ def quantize_model(
         Cut the output into shards of at most this many bytes (``"5GB"``, ``"500MB"``,
         ``"2GiB"``; a larger tensor gets a shard of its own), named and indexed as
         transformers' ``save_pretrained`` does. By default the output has the input's shards.
+    fused_shards : bool
+        True (default): the weights an engine fuses into one layer (q/k/v into ``qkv_proj``,
+        gate/up into ``gate_up_proj``, each expert's gate/up or ``w1``/``w3``, DeepSeek's
+        ``q_a_proj``/``kv_a_proj_with_mqa``; by the config's ``model_type``, see
+        :mod:`arrayquant.io.fused_shards`) share one per-tensor level where the scheme has one:
+        NVFP4's global scale and an FP8 per-tensor scale, from the group's largest range (a first
+        pass reads those weights a slab at a time). vLLM and SGLang keep one such level per fused
+        layer, so shards with levels of their own load with the wrong scale. A member left in
+        float (excluded, a shape the format cannot hold) is left out of its group; the others
+        share theirs. ``ModelSummary.fused_groups`` lists the groups. False: every weight keeps
+        its own level, each one the same bits as quantized alone.
 
     Returns
     -------
@@ -253,9 +310,11 @@ def quantize_model(
     ------
     SchemeError
         A scheme with no compressed-tensors format (the message lists those that map).
+    PathError
+        A source that is not a safetensors model folder or is quantized already, or a destination
+        in use (a :class:`~arrayquant.errors.ShapeError`, as before it existed).
     ShapeError
-        A source that is not a safetensors model folder or is quantized already, a destination
-        in use, or a ``max_shard_size`` that is not a size.
+        A ``max_shard_size`` that is not a size, or a Conv1D model.
 
     Examples
     --------
@@ -271,7 +330,7 @@ def quantize_model(
     single = source.is_file()  # one .safetensors file: a folder of its weights alone comes out
     if not single and not source.is_dir():
         msg = f"{source} is neither a model folder (config.json and model.safetensors) nor a .safetensors file"
-        raise ShapeError(msg)
+        raise PathError(msg)
     shards, indexed = ([source.name], False) if single else weight_files(source)
     folder = source.parent if single else source
     existing = model_quantization_config(source)
@@ -281,7 +340,7 @@ def quantize_model(
             f"{source} is already quantized (it has a quantization_config, quant_method {method!r}); "
             "quantize the float model, or turn this one back into floats first with arrayquant dequantize"
         )
-        raise ShapeError(msg)
+        raise PathError(msg)
     config = {} if single else _model_config(source)
     if config.get("model_type") in _CONV1D_MODELS:
         msg = (
@@ -293,6 +352,8 @@ def quantize_model(
     rule = _Rule(plan_scheme, include, exclude, vocab, calibration, importance)
     _check_target(source, target, "quantized")
     summary = ModelSummary(fmt)
+    if fused_shards and shares_tensor_level(plan_scheme):  # a first pass, before anything is written
+        rule = rule._replace(levels=_shared_levels(folder, shards, rule, config, summary))
     with _building(target) as out_dir:
         if not single:
             summary.copied_files, summary.skipped_files, summary.refused_files = _copy_other_files(
@@ -304,12 +365,61 @@ def quantize_model(
             weight_map = {key: out for out, sizes in written for key in sizes}
             _write_index(out_dir, weight_map, sum(sum(sizes.values()) for _, sizes in written))
         ignore = sorted({*summary.left_out, "lm_head"})
+        if not single:  # the dtype a loader builds the model in, where a format decompresses into bfloat16 only
+            _declare_dtype(config, {f for f, _ in mods.values()})
+        summary.warnings = _loader_warnings({f for f, _ in mods.values()}, summary.quantized)
         # one group for the whole model, or one per kind when weights of different widths differ in strategy
         config["quantization_config"] = (
             modules_quantization_config(mods, ignore) if mods else quantization_config(fmt, args, ignore)
         )
         (out_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return summary
+
+
+_DTYPE_KEYS = ("dtype", "torch_dtype")  # transformers 5 writes "dtype"; older configs have "torch_dtype"
+
+
+def _declare_dtype(config: dict[str, Any], formats: set[str]) -> None:
+    """Make ``config`` name bfloat16 as the model's dtype when one of ``formats`` decompresses into it only.
+
+    transformers builds a model in the dtype its ``config.json`` names and leaves the weights of a
+    compressed-tensors folder compressed until the first forward pass, when compressed-tensors
+    decompresses each one in place (``ModelCompressor.decompress_model``). NVFP4, MXFP4 and MXFP8
+    weights come out in bfloat16 whatever that dtype is (see ``ct_formats.BF16_FORMATS``), so a
+    float32 or float16 model would multiply its activations with bfloat16 weights and stop at its
+    first ``Linear``. No scale dtype or ``quantization_config`` field changes that, so such a model
+    is declared bfloat16, the one dtype its decompressed weights run in. The MX weights are exact
+    in bfloat16; the float tensors stay in the files as they were (transformers rounds them to
+    bfloat16 as it loads them). The other formats decompress in the model's own dtype, which is
+    kept. Sub-configs that name a dtype of their own (``text_config``, ...) are changed alike.
+    """
+    if not formats & BF16_FORMATS:
+        return
+    # no dtype named: transformers builds it in float32
+    source = next((str(config[k]) for k in _DTYPE_KEYS if isinstance(config.get(k), str)), "float32")
+    subs = [v for v in config.values() if isinstance(v, dict) and "model_type" in v]
+    for part in (config, *subs):
+        for key in _DTYPE_KEYS:
+            if key in part:
+                part[key] = "bfloat16"
+    config["dtype"] = "bfloat16"
+    if source != "bfloat16":  # dequantize_model gives the source's dtype back
+        config[SOURCE_DTYPE] = source
+
+
+# the source model's dtype, where the folder had to declare bfloat16 (an extra config attribute,
+# which transformers keeps and ignores)
+SOURCE_DTYPE = "arrayquant_source_dtype"
+
+
+def _set_dtype(config: dict[str, Any], name: str) -> None:
+    """Name ``name`` as the model's dtype wherever ``config`` (and its sub-configs) names one."""
+    config.pop(SOURCE_DTYPE, None)
+    subs = [v for v in config.values() if isinstance(v, dict) and "model_type" in v]
+    for part in (config, *subs):
+        for key in _DTYPE_KEYS:
+            if key in part:
+                part[key] = name
 
 
 class _Rule(NamedTuple):
@@ -321,6 +431,7 @@ class _Rule(NamedTuple):
     vocab: int | None
     calibration: Any = "minmax"
     importance: Mapping[str, Any] | None = None  # weight name -> per-column importance
+    levels: Mapping[str, Any] | None = None  # weight name -> the per-tensor level its fused group shares
 
 
 def _write_shards(
@@ -417,6 +528,59 @@ def _recorded(pairs: Iterator[tuple[str, Any]], sizes: dict[str, int]) -> Iterat
         del arr  # not held while the next tensor is computed
 
 
+def _is_weight(name: str, entry: Any) -> bool:
+    """A 2-d floating ``*.weight``: a candidate ``Linear`` weight."""
+    return name.endswith(".weight") and entry.dtype in _FLOATS and len(entry.shape) == 2
+
+
+def _left_out_why(name: str, entry: Any, rule: _Rule) -> str | None:
+    """Why the candidate weight ``name`` stays in float by its name or the selection, or None."""
+    why = _skip_reason(name, entry.shape, rule.vocab)
+    if why is None and not _chosen(name, rule.include, rule.exclude):
+        why = "not selected by --include/--exclude"
+    return why
+
+
+def _importance(rule: _Rule, name: str) -> Any:
+    return None if rule.importance is None else rule.importance.get(name)
+
+
+def _shared_levels(
+    folder: Path, shards: Sequence[str], rule: _Rule, config: Mapping[str, Any], summary: ModelSummary
+) -> dict[str, Any]:
+    """Weight name -> the per-tensor level of its fused group, for every weight in a group.
+
+    The groups (:mod:`~arrayquant.io.fused_shards`, by the config's ``model_type``) are formed
+    from the weights that will be quantized: those the name rules and the selection keep and
+    whose shape the format holds, wherever their shards lie; a member left in float is no part
+    of its group. Each member's own level is found as :func:`quantize_entry` finds it (a slab at
+    a time for MinMax) and the group shares the largest, which is what each member's level would
+    be computed from the group's largest range. The groups are recorded in ``summary``.
+    """
+    with contextlib.ExitStack() as stack:
+        where: dict[str, tuple[SafetensorsFile, str]] = {}  # module -> (its file, weight name)
+        fits: dict[tuple[int, ...], bool] = {}  # shape -> whether the format holds it (a model has few shapes)
+        for shard in shards:
+            st = stack.enter_context(SafetensorsFile(folder / shard))
+            for name, entry in st.entries.items():
+                if not (_is_weight(name, entry) and _left_out_why(name, entry, rule) is None):
+                    continue
+                if entry.shape not in fits:
+                    fits[entry.shape] = fits_format(rule.scheme, entry.shape)
+                if fits[entry.shape]:
+                    where[_module(name)] = (st, name)
+        levels: dict[str, Any] = {}
+        for group, members in fused_groups(where, fusions_for(config)).items():
+            found = [
+                tensor_level(st, name, rule.scheme, calibration=rule.calibration, importance=_importance(rule, name))
+                for st, name in (where[m] for m in members)
+            ]
+            level = shared_level(found)
+            levels.update((where[m][1], level) for m in members)
+            summary.fused_groups[group] = members
+    return levels
+
+
 def _shard_items(
     st: SafetensorsFile,
     rule: _Rule,
@@ -428,21 +592,25 @@ def _shard_items(
     for name, entry in st.entries.items():
         if progress is not None:
             progress(name)
-        if not (name.endswith(".weight") and entry.dtype in _FLOATS and len(entry.shape) == 2):
+        if not _is_weight(name, entry):
             yield name, st.passthrough(name)  # copied as stored, never whole in memory
             continue
-        why = _skip_reason(name, entry.shape, rule.vocab)
-        if why is None and not _chosen(name, rule.include, rule.exclude):
-            why = "not selected by --include/--exclude"
+        why = _left_out_why(name, entry, rule)
         if why is not None:
             summary.left_out[_module(name)] = why
             yield name, st.passthrough(name)
             continue
         try:
             # a row slab at a time: the float weight is never whole in memory, only its entries
-            vector = None if rule.importance is None else rule.importance.get(name)
+            level = None if rule.levels is None else rule.levels.get(name)  # its fused group's
             entries = quantize_entry(
-                st, name, rule.scheme, _module(name), calibration=rule.calibration, importance=vector
+                st,
+                name,
+                rule.scheme,
+                _module(name),
+                calibration=rule.calibration,
+                importance=_importance(rule, name),
+                level=level,
             )
         except (ShapeError, SchemeError) as exc:  # the format cannot hold it: left in float, in `ignore`
             summary.left_out[_module(name)] = f"shape {list(entry.shape)} does not fit the format: {exc}"
@@ -545,7 +713,7 @@ def load_model(path: str | os.PathLike[str], *, backend: str | None = None, devi
     CorruptDataError
         Quantized entries without a ``quantization_config``, a group the weights cannot be
         matched to, or entries that disagree with the format.
-    ShapeError
+    PathError
         A folder with neither ``model.safetensors`` nor an index.
     SchemeError
         A format arrayquant does not read (the message lists those it does).
@@ -662,7 +830,7 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
 
     Raises
     ------
-    ShapeError
+    PathError
         A destination in use, or a source that is neither a model folder nor a file.
     CorruptDataError, SchemeError
         As :func:`load_model`.
@@ -670,17 +838,18 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
     source, target = Path(src), Path(dst)
     if not source.exists():
         msg = f"{source} is neither a model folder nor a .safetensors file"
-        raise ShapeError(msg)
+        raise PathError(msg)
     folder = source if source.is_dir() else source.parent
     config_path = folder / CONFIG
     config = _model_config(folder)
-    out_dtype = _float_dtype(dtype or str(config.get("torch_dtype") or config.get("dtype") or "float32"))
+    named = config.get(SOURCE_DTYPE) or config.get("torch_dtype") or config.get("dtype") or "float32"
+    out_dtype = _float_dtype(dtype or str(named))
     quantized_model = model_quantization_config(source) is not None
     result = Dequantized([], [])
     if source.is_file():  # one file in, one file out
         if target.is_dir():
             msg = f"{target} is a folder; name the float .safetensors file to write"
-            raise ShapeError(msg)
+            raise PathError(msg)
         tensors = iter_model(source, passthrough=True)
         save_stream(
             target, _float_items(tensors, out_dtype, quantized_model, result, {}), metadata={"format": "pt"}, plain=True
@@ -698,6 +867,8 @@ def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], d
         if indexed:
             _write_index(out_dir, {k: s for k, (s, _) in where.items()}, sum(n for _, n in where.values()))
         config.pop("quantization_config", None)
+        if config:  # the dtype the float shards are written in
+            _set_dtype(config, out_dtype.name)
         if config or config_path.is_file():
             (out_dir / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return result

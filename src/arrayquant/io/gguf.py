@@ -1261,9 +1261,13 @@ class GGUFSummary:
     quantized: list[str] = field(default_factory=list)
     left_out: dict[str, str] = field(default_factory=dict)
     format: str = NAME
+    # tensors whose rows the type cannot hold, quantized (or converted) to llama-quantize's fallback type
+    fallback: dict[str, str] = field(default_factory=dict)
 
 
 def _target(scheme: QuantScheme | str) -> tuple[QuantScheme, str]:
+    if isinstance(scheme, str) and scheme.strip().upper() == "TQ1_0":  # TQ2_0's scheme, in base-3 packing
+        return _target("TQ2_0")[0], "TQ1_0"
     if isinstance(scheme, str):
         text = scheme.strip()
         if text.upper() in gguf_types.EXACT:
@@ -1311,10 +1315,28 @@ def _why_kept(t: _Info, type_name: str, include: Sequence[str], exclude: Sequenc
         return f"already quantized as {t.type_name}; llama-quantize does not re-quantize by default, copied unchanged"
     if 0 in t.shape:  # nothing to quantize, and a quantized tensor has at least one value per axis
         return f"has no values (shape {list(t.shape)}); kept as {t.type_name}"
-    block = _sizes(type_name)[0]
-    if t.shape[-1] % block:
-        return f"rows of {t.shape[-1]} values are not whole {type_name} blocks of {block}; kept as {t.type_name}"
     return None
+
+
+# llama-quantize's tensor_type_fallback (src/llama-quant.cpp) for the types written here: a tensor whose
+# rows are not whole blocks gets this type instead, and F16 where that does not fit either
+_FALLBACK = {"TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
+
+
+def _fallback(t: _Info, type_name: str) -> tuple[str, str]:
+    """The type ``t`` is written as (``type_name`` where its rows are whole blocks), or ("", why it is kept)."""
+    cols = t.shape[-1]
+    block = _sizes(type_name)[0]
+    if cols % block == 0:
+        return type_name, ""
+    if type_name == "NVFP4":  # llama-quantize stops with "no tensor type fallback is defined"
+        return "", f"rows of {cols} values are not whole NVFP4 blocks of 64, and NVFP4 has no fallback type; kept"
+    other = _FALLBACK.get(type_name, "F16")
+    if other != "F16" and cols % _sizes(other)[0]:
+        other = "F16"
+    if other == "F16" and t.type_name not in ("F32", "F16"):  # bf16 / f64 would overflow or lose range in f16
+        return "", f"rows of {cols} values are not whole {type_name} blocks of {block}; kept as {t.type_name}"
+    return other, ""
 
 
 def _file_type(type_name: str) -> int | None:
@@ -1344,11 +1366,33 @@ def _encoded_rows(f: _File, t: _Info, scheme: QuantScheme, type_name: str, **sea
         n = min(step, rows - start)
         slab = t._replace(shape=(n, cols), start=t.start + start * row_in, nbytes=n * row_in)
         values, _ = _value(f.raw(slab), slab, "numpy", None)
-        got, data = gguf_types.encode(quantize(values, scheme, **search))
+        got, data = gguf_types.encode(quantize(values, scheme, **search), type_name)
         if got != type_name:  # pragma: no cover - type_of and encode agree by construction
             msg = f"tensor {t.name!r}: encoded as {got}, planned as {type_name}"
             raise SchemeError(msg)
         out[start : start + n] = np.asarray(data, np.uint8).reshape(n, row_out)
+    return out.reshape(-1)
+
+
+def _f16_rows(f: _File, t: _Info) -> np.ndarray:
+    """Float tensor ``t`` as F16 bytes, a slab of rows at a time (llama-quantize's last fallback)."""
+    cols, rows = t.shape[-1], math.prod(t.shape[:-1])
+    row_in = t.nbytes // max(rows, 1)
+    out = np.empty((rows, 2 * cols), np.uint8)
+    step = max(1, _SLAB_BYTES // (4 * cols))
+    for start in range(0, rows, step):
+        n = min(step, rows - start)
+        slab = t._replace(shape=(n, cols), start=t.start + start * row_in, nbytes=n * row_in)
+        values, _ = _value(f.raw(slab), slab, "numpy", None)
+        with np.errstate(over="ignore"):
+            half = np.asarray(values).astype("<f2")
+        if not np.all(np.isfinite(half)):
+            msg = (
+                f"tensor {t.name!r}: llama-quantize's fallback for rows of {cols} values is F16, and a value "
+                "there is beyond F16's range (65504); exclude the tensor with --exclude to keep it as it is"
+            )
+            raise ShapeError(msg)
+        out[start : start + n] = half.view(np.uint8).reshape(n, 2 * cols)
     return out.reshape(-1)
 
 
@@ -1360,7 +1404,7 @@ def quantize_file(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
-    calibration: Any = "minmax",
+    calibration: Any = None,
     importance: Mapping[str, Any] | None = None,
 ) -> GGUFSummary:
     """Re-quantize a GGUF file into another, as ``llama-quantize`` does, tensor by tensor.
@@ -1374,9 +1418,16 @@ def quantize_file(
     type asked for, ``token_embd`` and ``output`` included (without ``--pure`` llama-quantize
     picks other types, such as Q6_K, for some; those are no arrayquant schemes). Tensors that
     are quantized already are copied unchanged (llama-quantize refuses to re-quantize without
-    ``--allow-requantize``), as are weights whose rows are not whole blocks and weights with no
-    values (an extent of 0, which GGUF allows): there is nothing to quantize, and a quantized
-    tensor that :func:`load` reads back needs at least one value per axis.
+    ``--allow-requantize``), as are weights with no values (an extent of 0, which GGUF allows):
+    there is nothing to quantize, and a quantized tensor that :func:`load` reads back needs at
+    least one value per axis. A weight whose rows are not whole blocks of the type gets
+    llama-quantize's fallback type (``tensor_type_fallback``): Q4_0 for TQ1_0 / TQ2_0, F16 where
+    that does not fit either or for the 32-blocks; NVFP4 has none, so such a weight is kept.
+
+    By default (``calibration=None``) each block is quantized by ggml's reference quantizer,
+    ``calibration="ggml"``, so the bytes are llama-quantize's (without an imatrix) bit for bit;
+    the two-level ``nvfp4``, which ggml has no quantizer for, uses ``"minmax"``. Any other
+    calibration of :func:`arrayquant.quantize` may be named instead.
 
     The header is written first, then each tensor's data, read, quantized and written one at a
     time: memory stays near a few copies of the largest tensor. The output is a temporary file
@@ -1399,6 +1450,10 @@ def quantize_file(
         Globs on tensor names narrowing the weights quantized.
     progress : callable, optional
         Called with each tensor's name once it is written (per-tensor scale tensors included).
+    calibration : str, optional
+        ``"ggml"`` (the default where ggml has a quantizer), or another calibration by name.
+    importance : mapping of str to array, optional
+        Per-column importance by tensor name, for a search calibration (``"mse"``).
 
     Returns
     -------
@@ -1431,7 +1486,17 @@ def quantize_file(
                     f"its nvfp4 per-tensor scale would go in {sname!r} (llama.cpp's '.weight' -> '.scale'), "
                     f"a name the file already has; kept as {t.type_name}"
                 )
+            kind = type_name
             if why is None:
+                kind, why = _fallback(t, type_name)
+                why = why or None
+            if why is None and kind != type_name:
+                summary.fallback[t.name] = kind
+                action = "f16" if kind == "F16" else "quantize"
+                plan.append((t, _Out(t.name, kind, t.shape, _nbytes(kind, t.shape)), action))
+                if kind != "F16":
+                    summary.quantized.append(t.name)
+            elif why is None:
                 plan.append((t, _Out(t.name, type_name, t.shape, _nbytes(type_name, t.shape)), "quantize"))
                 summary.quantized.append(t.name)
                 if split:
@@ -1458,18 +1523,21 @@ def quantize_file(
                         progress(o.name)
                     continue
                 t = src_t
-                if action == "quantize" and not split:  # rows are independent: a slab at a time
-                    _write(
-                        writer,
-                        o,
-                        _encoded_rows(f, t, scheme_, type_name, **search_arguments(calibration, importance, t.name)),
-                    )
+                if action == "f16":
+                    _write(writer, o, _f16_rows(f, t))
+                elif action == "quantize" and (not split or o.type_name != type_name):  # a slab at a time
+                    kind_scheme = scheme_ if o.type_name == type_name else gguf_types.scheme_of(o.type_name)
+                    assert kind_scheme is not None
+                    cal = "ggml" if calibration is None else calibration
+                    found = search_arguments(cal, importance, t.name)
+                    _write(writer, o, _encoded_rows(f, t, kind_scheme, o.type_name, **found))
                 elif action == "quantize":  # the per-tensor scale needs the whole tensor
                     raw = f.raw(t)
                     values, _ = _value(raw, t, "numpy", None)
                     del raw
-                    # f16/bf16 are computed in f32 by quantize, a slab at a time
-                    qt = quantize(values, scheme_, **search_arguments(calibration, importance, t.name))
+                    # f16/bf16 are computed in f32 by quantize, a slab at a time; ggml has no two-level rule
+                    cal = "minmax" if calibration is None else calibration
+                    qt = quantize(values, scheme_, **search_arguments(cal, importance, t.name))
                     del values
                     # as llama.cpp stores it: blocks as they are, the scale apart
                     got, data, glob = gguf_types.encode_split(qt)

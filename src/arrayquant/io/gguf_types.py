@@ -27,16 +27,14 @@ GGUF type  bytes/block  arrayquant scheme                  block layout (ggml-co
 is E2M1's code: sign in bit 3), and both FP4 types halve their scale to match, so the value is
 ``E2M1(q) * scale`` exactly as arrayquant's ``eff * decode(code)`` in f32.
 
+Integer blocks keep the sign of their f16 ``d``: llama.cpp writes Q4_0 with ``d = max / -8``, so
+every block whose largest-magnitude element is positive has ``d < 0`` (about half of them), and
+an all-zero block ``d = -0.0``. Those scales are stored as they are (arrayquant allows negative
+scales under integer codes with F32/F16/BF16 scales), so ``code * d`` is ggml's value bit for bit,
+``-0.0`` included, and every real Q4_0 / Q8_0 file reads as a tensor.
+
 Where the bytes are not an arrayquant tensor (:func:`decode` says which block and why):
 
-- arrayquant scales are ``>= 0``; a Q8_0 / Q4_0 / TQ block whose f16 ``d`` has its sign bit set
-  maps to ``|d|`` with negated codes, exact except where that needs a code outside the value
-  range (Q8_0 ``q = -128``; Q4_0 ``q = 0``, i.e. ``+8``) or where ``0 * d`` is ``-0.0`` (Q8_0
-  ``q = 0``, Q4_0 ``q = 8``, TQ ``q = 1``), which a non-negative scale cannot give.
-  ``gguf.quants.quantize`` writes Q4_0 with ``d = max / -8``: every block whose largest-magnitude
-  element is positive has ``d < 0`` and ``q = 0`` (an all-zero block has ``d = -0.0``, ``q = 8``), so
-  Q4_0 as llama.cpp writes it is in general *not* exact (measured: 50.0% of the blocks of normal
-  weights); blocks whose extreme is negative are.
 - TQ2_0's 2-bit field 3 means ``+2 * d``, outside q2s; llama.cpp never writes it.
 - A non-finite f16 ``d``; an MXFP4 ``e = 255`` (ggml reads ``2^127``, OCP MX and arrayquant NaN);
   an NVFP4 scale byte ``0xFF`` (ggml ignores bit 7 and reads exponent 15, mantissa 7: 480 > 448).
@@ -272,29 +270,16 @@ _NOT = (None, None)
 def _int_codes(kind: str, raw: np.ndarray, d: np.ndarray, where: Any) -> tuple[Any, Any, str]:
     """Integer types: codes (n, block) int8 and f32 scales (n,), or a reason they are not exact."""
     offset = {"Q8_0": 0, "Q4_0": 8, "TQ2_0": 1, "TQ1_0": 1}[kind]
-    lo, hi = (-128, 127) if kind == "Q8_0" else (-8, 7) if kind == "Q4_0" else (-1, 1)
-    value = "q8f" if kind == "Q8_0" else "q4f" if kind == "Q4_0" else "q2s"
     bad_d = ~np.isfinite(d)
     if np.any(bad_d):
         i = int(np.argmax(bad_d))
         return *_NOT, f"{kind} {where(i)} has d = {float(d[i])}; arrayquant scales are finite"
-    codes = raw - offset
-    neg = np.signbit(d)
-    flipped = np.where(neg[:, None], -codes, codes)  # arrayquant keeps |d| and negates the codes
-    out = (flipped < lo) | (flipped > hi)
-    if np.any(out):
-        i, j = _first(out)
-        why = f"{kind} {where(i)} has d = {float(d[i])} and q = {int(raw[i, j])} at element {j}: "
-        why += f"the value is {int(flipped[i, j])} * |d|, outside {value}'s codes {lo}..{hi}"
-        if neg[i]:
-            why += " (arrayquant scales are >= 0, so a negative d negates the codes)"
-        return *_NOT, why
-    neg_zero = neg[:, None] & (codes == 0)
-    if np.any(neg_zero):
-        i, j = _first(neg_zero)
-        why = f"{kind} {where(i)} has d = {float(d[i])} (sign bit set) and q = {offset} at element {j}: "
-        return *_NOT, why + "ggml's 0 * d is -0.0 there, which no code at arrayquant's non-negative scale gives"
-    return flipped.astype(np.int8), np.abs(d).astype(np.float32), ""
+    codes = raw - offset  # d keeps its sign: code * d is ggml's value, -0.0 included
+    if kind in ("TQ2_0", "TQ1_0") and np.any(codes > 1):
+        i, j = _first(codes > 1)
+        why = f"{kind} {where(i)} has d = {float(d[i])} and q = {int(raw[i, j])} at element {j}: the value is 2 * d, "
+        return *_NOT, why + "outside q2s's codes -1..1"
+    return codes.astype(np.int8), d.astype(np.float32), ""
 
 
 def _fp4_codes(kind: str, raw: np.ndarray, sbytes: np.ndarray, where: Any) -> tuple[Any, Any, str]:

@@ -102,6 +102,8 @@ class Calibration(enum.Enum):
     ``MINMAX`` and ``ABSMEAN`` take it from the data directly; ``MSE`` searches clip ratios for the
     smallest error, ``PERCENTILE`` clips at a percentile of ``|x|`` and ``FOUR_OVER_SIX`` maps each
     NVFP4 block's maximum to 6 or to 4, whichever errs less (see :class:`MSE`, :class:`Percentile`).
+    ``GGML`` is llama.cpp's reference quantizer for the schemes that are GGUF block types, giving
+    llama-quantize's codes and scales exactly (its Q4_0 scales may be negative).
     """
 
     MINMAX = "minmax"
@@ -109,10 +111,11 @@ class Calibration(enum.Enum):
     MSE = "mse"
     PERCENTILE = "percentile"
     FOUR_OVER_SIX = "4over6"
+    GGML = "ggml"
 
     @classmethod
     def coerce(cls, value: Any) -> Calibration:
-        """Accept a member or its name (``"minmax"``, ``"absmean"``, ``"mse"``, ``"percentile"``, ``"4over6"``)."""
+        """Accept a member or its name (``"minmax"``, ``"mse"``, ``"4over6"``, ``"ggml"``, ...)."""
         result: Calibration = coerce_enum(cls, value, "calibration")
         return result
 

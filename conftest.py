@@ -2,12 +2,18 @@
 
 ``ARRAYQUANT_TEST_BACKENDS=numpy,dask`` selects a subset. Missing libraries skip; CuPy runs only
 where a GPU is usable.
+
+``ARRAYQUANT_REQUIRE=torch,jax,hf,gguf,burn,numba`` (any of these groups, comma-separated; ci/test.sh
+sets them all) turns the skip of a ``pytest.importorskip`` of a group's module into a failure, so
+the interop tests cannot vanish with the run still green when an install quietly failed.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -109,6 +115,70 @@ def xp(request: pytest.FixtureRequest) -> XP:
 def np_xp() -> XP:
     """NumPy only, for tests of backend-independent behaviour."""
     return _make(Backend.NUMPY)
+
+
+# the groups ARRAYQUANT_REQUIRE may name, and the modules (top-level names) each one requires
+REQUIRE_GROUPS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "jax": ("jax",),
+    "hf": ("transformers", "compressed_tensors"),
+    "gguf": ("gguf",),
+    "burn": ("cbor2",),
+    "numba": ("numba",),
+}
+
+_ORIGINAL_IMPORTORSKIP = pytest.StashKey[Callable[..., Any]]()
+
+
+def required_modules(env: str | None = None) -> dict[str, str]:
+    """The modules ``ARRAYQUANT_REQUIRE`` (or ``env``) requires, each mapped to its group's name."""
+    text = os.environ.get("ARRAYQUANT_REQUIRE", "") if env is None else env
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in REQUIRE_GROUPS]
+    if unknown:
+        known = ", ".join(REQUIRE_GROUPS)
+        raise pytest.UsageError(f"ARRAYQUANT_REQUIRE names unknown groups {unknown}; the groups are {known}")
+    return {module: group for group in groups for module in REQUIRE_GROUPS[group]}
+
+
+def _failing_importorskip(original: Callable[..., Any], required: dict[str, str]) -> Callable[..., Any]:
+    """``pytest.importorskip`` that fails, instead of skipping, for a module of a required group."""
+
+    @functools.wraps(original)
+    def importorskip(modname: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(modname, *args, **kwargs)
+        except pytest.skip.Exception as skip:
+            group = required.get(modname.split(".")[0])
+            if group is None:
+                raise
+            reason = skip.msg
+        # outside the except block, so the report shows this one message, not the skip before it
+        pytest.fail(f"ARRAYQUANT_REQUIRE names {group!r}, but {modname!r} is not usable here: {reason}", pytrace=False)
+
+    return importorskip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``ARRAYQUANT_REQUIRE``, put the failing ``pytest.importorskip`` in place for this run."""
+    required = required_modules()
+    if required:
+        config.stash[_ORIGINAL_IMPORTORSKIP] = pytest.importorskip
+        pytest.importorskip = _failing_importorskip(pytest.importorskip, required)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Put pytest's own ``importorskip`` back (a run inside this process starts from it)."""
+    original = config.stash.get(_ORIGINAL_IMPORTORSKIP, None)
+    if original is not None:
+        pytest.importorskip = original
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    required = required_modules()
+    if not required:
+        return None
+    return f"ARRAYQUANT_REQUIRE: {', '.join(sorted(required))} must import (a skip for one missing is a failure)"
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -18,14 +18,6 @@ SCHEME = "q4s:block32:f16"
 Q = "layers.0.attn.q_proj.weight"  # 256 x 256 in the demo checkpoint
 
 
-def _importance_supported() -> bool:
-    try:
-        aq.quantize(np.ones((1, 32), np.float32), SCHEME, calibration="mse", importance=np.ones(32, np.float32))
-    except TypeError:  # the library has no importance= yet
-        return False
-    return True
-
-
 def _sqnr(x: np.ndarray, y: np.ndarray) -> float:
     x64 = x.astype(np.float64)
     return 10 * math.log10(np.sum(x64**2) / np.sum((y.astype(np.float64) - x64) ** 2))
@@ -112,8 +104,6 @@ def test_importance_missing_file(model: Path, tmp_path: Path, capsys: pytest.Cap
 def test_importance_that_does_not_fit(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], vectors: dict[str, np.ndarray], message: str
 ) -> None:
-    if not _importance_supported():
-        pytest.skip("aq.quantize has no importance= yet")
     imp = tmp_path / "imp.safetensors"
     save_file({k: v.astype(np.float32) for k, v in vectors.items()}, str(imp))
     out = tmp_path / "q.safetensors"
@@ -126,8 +116,6 @@ def test_importance_that_does_not_fit(
 
 
 def test_importance_weights_the_named_tensor(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not _importance_supported():
-        pytest.skip("aq.quantize has no importance= yet")
     v = np.linspace(0.0, 4.0, 256, dtype=np.float32) ** 2
     imp = tmp_path / "imp.safetensors"
     save_file({Q: v}, str(imp))

@@ -6,6 +6,7 @@ repository's root ``conftest.py`` by path, so the hook under test is the real on
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,127 @@ def test_no_skips_no_summary(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-ra", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert "by reason" not in "\n".join(result.outlines)
+
+
+# ---------------------------------------------------------------------------------------------
+# ARRAYQUANT_REQUIRE: a skip for a missing module of a required group is a failure
+# ---------------------------------------------------------------------------------------------
+
+REQUIRE_LOADER = (
+    LOADER
+    + """
+pytest_configure = _root.pytest_configure
+pytest_unconfigure = _root.pytest_unconfigure
+pytest_report_header = _root.pytest_report_header
+# a group whose module does not exist anywhere (and one that does), as a missing install looks
+_root.REQUIRE_GROUPS["nosuch"] = ("arrayquant_no_such_module", "json")
+"""
+)
+
+REQUIRE_TESTS = """
+import pytest
+
+def test_missing():
+    pytest.importorskip("arrayquant_no_such_module")
+
+def test_missing_submodule_with_reason():
+    pytest.importorskip("arrayquant_no_such_module.sub", reason="needs the no-such extra")
+
+def test_other_missing():
+    pytest.importorskip("arrayquant_other_missing_module")
+
+def test_present():
+    assert pytest.importorskip("json").dumps(1) == "1"
+"""
+
+MODULE_LEVEL_TESTS = """
+import pytest
+
+pytest.importorskip("arrayquant_no_such_module")
+
+def test_never_collected():
+    pass
+"""
+
+
+def _run_required(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, env: str | None) -> pytest.RunResult:
+    if env is None:
+        monkeypatch.delenv("ARRAYQUANT_REQUIRE", raising=False)
+    else:
+        monkeypatch.setenv("ARRAYQUANT_REQUIRE", env)
+    pytester.makeconftest(REQUIRE_LOADER)
+    return pytester.runpytest("-ra", "-p", "no:cacheprovider")
+
+
+def test_required_module_missing_fails(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_required=REQUIRE_TESTS)
+    result = _run_required(pytester, monkeypatch, "nosuch")
+    result.assert_outcomes(passed=1, failed=2, skipped=1)  # a module no group names still skips
+    result.stdout.fnmatch_lines(
+        [
+            "ARRAYQUANT_REQUIRE: arrayquant_no_such_module, json must import (a skip for one missing is a failure)",
+            "*_ test_missing _*",
+            "ARRAYQUANT_REQUIRE names 'nosuch', but 'arrayquant_no_such_module' is not usable here: could not import*",
+            "*_ test_missing_submodule_with_reason _*",
+            "ARRAYQUANT_REQUIRE names 'nosuch', but 'arrayquant_no_such_module.sub' is not usable here:"
+            " needs the no-such extra",
+            "SKIPPED ?1? could not import 'arrayquant_other_missing_module'*",
+            "FAILED test_required.py::test_missing - Failed: ARRAYQUANT_REQUIRE names*",
+        ]
+    )
+    assert "During handling" not in result.stdout.str()  # the failure alone, not the skip it replaced
+
+
+def test_without_require_it_skips(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_required=REQUIRE_TESTS)
+    result = _run_required(pytester, monkeypatch, None)
+    result.assert_outcomes(passed=1, skipped=3)
+    assert "ARRAYQUANT_REQUIRE" not in result.stdout.str()
+
+
+def test_empty_require_it_skips(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_required=REQUIRE_TESTS)
+    result = _run_required(pytester, monkeypatch, " , ")  # empty entries name no group
+    result.assert_outcomes(passed=1, skipped=3)
+
+
+def test_required_module_missing_at_module_level_is_an_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(test_module_level=MODULE_LEVEL_TESTS)
+    result = _run_required(pytester, monkeypatch, "nosuch")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*ARRAYQUANT_REQUIRE names 'nosuch', but 'arrayquant_no_such_module' is not usable*"])
+    assert result.ret != 0
+
+    monkeypatch.delenv("ARRAYQUANT_REQUIRE")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+
+
+def test_unknown_group_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
+    result = _run_required(pytester, monkeypatch, "torch,pytorch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ARRAYQUANT_REQUIRE names unknown groups ?'pytorch'?; the groups are torch, jax,*"])
+
+
+def test_importorskip_restored_after_the_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = pytest.importorskip
+    pytester.makepyfile(test_required=REQUIRE_TESTS)
+    _run_required(pytester, monkeypatch, "nosuch")
+    assert pytest.importorskip is before
+
+
+def test_the_groups_ci_requires() -> None:
+    spec = importlib.util.spec_from_file_location("_arrayquant_root_conftest_groups", ROOT_CONFTEST)
+    assert spec is not None
+    assert spec.loader is not None
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    assert root.required_modules("") == {}
+    assert root.required_modules("hf, burn") == {"transformers": "hf", "compressed_tensors": "hf", "cbor2": "burn"}
+    everything = root.required_modules("torch,jax,hf,gguf,burn,numba")
+    assert set(everything) == {"torch", "jax", "transformers", "compressed_tensors", "gguf", "cbor2", "numba"}
+    ci = (ROOT_CONFTEST.parent / "ci" / "test.sh").read_text(encoding="utf-8")
+    assert "export ARRAYQUANT_REQUIRE=${ARRAYQUANT_REQUIRE-torch,jax,hf,gguf,burn,numba}" in ci

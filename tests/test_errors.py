@@ -990,26 +990,18 @@ def test_env_var_used_by_asarray(fresh_probe: None, monkeypatch: pytest.MonkeyPa
 # ---------------------------------------------------------------------------------------------
 
 
-def _from_bytes() -> Any:
-    if not hasattr(aq, "from_bytes"):
-        pytest.skip("aq.from_bytes is not implemented yet (test_public_api reports it missing)")
-    return aq.from_bytes
-
-
 def test_from_bytes_wrong_length() -> None:
-    from_bytes = _from_bytes()
     scheme = S.parse("q8s:block4:ue4m3:tensor:f32:native")
     assert aq.quantized_nbytes(scheme, (8,)) == 14
     with pytest.raises(aq.CorruptDataError, match=r"(?s)buf.*13.*14|buf.*14.*13"):
-        from_bytes(bytes(13), scheme, (8,))
+        aq.from_bytes(bytes(13), scheme, (8,))
     with pytest.raises(aq.CorruptDataError, match=r"(?s)buf.*15.*14|buf.*14.*15"):
-        from_bytes(bytes(15), scheme, (8,))
+        aq.from_bytes(bytes(15), scheme, (8,))
 
 
 def test_from_bytes_missing_global_scale() -> None:
-    from_bytes = _from_bytes()
     scheme = S.parse("q8s:block4:ue4m3:tensor:f32:native")
     with pytest.raises(aq.MissingGlobalScaleError) as info:
-        from_bytes(bytes(10), scheme, (8,))
+        aq.from_bytes(bytes(10), scheme, (8,))
     assert "two-level scheme" in str(info.value)
     assert "per-tensor scale" in str(info.value)

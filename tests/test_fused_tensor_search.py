@@ -7,6 +7,7 @@ portable ``_search_tensor``: each axis-0 row summed by the pairwise tree, then t
 from __future__ import annotations
 
 import time
+import zlib
 
 import array_api_compat
 import numpy as np
@@ -93,7 +94,7 @@ CALS = ["mse", "mse:norm=2", "mse:norm=1", "mse:grid=50,max_shrink=0.5,norm=3.7"
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_same_bits_as_portable_default_grid(kind, scheme, monkeypatch):
-    x = _data(kind, (37, 96), hash((kind, scheme)) % 1000)
+    x = _data(kind, (37, 96), zlib.crc32(repr((kind, scheme)).encode()) % 1000)
     _assert_same(_fused(x, scheme, "mse"), _portable(x, scheme, "mse", monkeypatch))
 
 

@@ -49,7 +49,7 @@ from .scheme.values import MSE, Percentile
 from .storage import pack, quantized_nbytes, unpack
 from .tensor import QuantizedTensor
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  #: The package version; the one version source: pyproject.toml reads it (tool.setuptools.dynamic)
 
 
 def __dir__() -> list[str]:

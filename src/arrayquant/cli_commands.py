@@ -42,6 +42,7 @@ from .errors import (
     ShapeError,
 )
 from .invariants import plan_for
+from .io import _dtypes
 from .io.checkpoint import is_compressed_tensors, save_stream
 from .io.reader import _PLAIN, _SIBLINGS, Checkpoint, Entry, _ml_dtype
 from .metrics import ErrorMeter
@@ -75,7 +76,7 @@ __all__ = [
     "write_demo_checkpoint",
 ]
 
-FLOAT_HEADERS = ("F64", "F32", "F16", "BF16")
+FLOAT_HEADERS = _dtypes.SAFETENSORS_FLOATS
 _SLAB = 1 << 18  # elements per error slab: a few MiB of float64 temporaries
 _MiB = float(2**20)
 

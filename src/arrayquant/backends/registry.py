@@ -95,7 +95,7 @@ def available() -> list[BackendInfo]:
 
 
 def get(name: str) -> BackendInfo:
-    """The usable backend ``name``, or :class:`BackendUnavailableError` with the reason."""
+    """The usable backend ``name``, or :class:`~arrayquant.BackendUnavailableError` with the reason."""
     info = probe(str(name).strip().lower())
     if not info.usable:
         raise BackendUnavailableError(info.reason)

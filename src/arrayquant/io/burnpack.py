@@ -99,6 +99,7 @@ from ..invariants.data import MAX_ELEMENTS
 from ..scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 from ..scheme.block import MAX_BLOCK_DIMS, BlockSize
 from ..tensor import QuantizedTensor
+from . import _dtypes
 from .burn import from_bytes, to_bytes
 from .checkpoint import _publish
 from .importance import search_arguments
@@ -149,24 +150,10 @@ _HEADER = struct.Struct("<IHI")
 _CHUNK = 1 << 20
 
 # Burn DType (string form) -> (little-endian NumPy dtype, the array's dtype name)
-_PLAIN = {
-    "F64": ("<f8", "float64"),
-    "F32": ("<f4", "float32"),
-    "Flex32": ("<f4", "float32"),
-    "F16": ("<f2", "float16"),
-    "BF16": ("<u2", "bfloat16"),
-    "I64": ("<i8", "int64"),
-    "I32": ("<i4", "int32"),
-    "I16": ("<i2", "int16"),
-    "I8": ("i1", "int8"),
-    "U64": ("<u8", "uint64"),
-    "U32": ("<u4", "uint32"),
-    "U16": ("<u2", "uint16"),
-    "U8": ("u1", "uint8"),
-}
+_PLAIN = {k: (d.numpy, d.name) for k, d in _dtypes.BURN.items()}
 _BOOL_STORES = {"Native": "u1", "U8": "u1", "U32": "<u4"}
 _BY_ARRAY = {spec: burn for burn, (_, spec) in _PLAIN.items() if burn != "Flex32"}
-_FLOATS = ("F64", "F32", "Flex32", "F16", "BF16")
+_FLOATS = _dtypes.BURN_FLOATS
 # safetensors header dtypes of a Passthrough entry -> Burn DType
 _FROM_SAFETENSORS: dict[str, Any] = {k: k for k in _PLAIN if k != "Flex32"} | {"BOOL": {"Bool": "Native"}}
 

@@ -30,7 +30,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import array_api_compat as compat
 import numpy as np
@@ -41,6 +41,7 @@ from ..invariants import Plan, check_params, check_shape, plan_for
 from ..scheme import QParams, ScaleDtype
 from ..storage import check_values, values_layout
 from ..tensor import QuantizedTensor, dtype_name
+from . import _atomic
 from .burn import encode_scales
 from .paths import read_json
 from .reader import (
@@ -498,26 +499,13 @@ def _header_bytes(meta: dict[str, str], header: dict[str, Any]) -> bytes:
 
 def _publish(target: Path, head: bytes, fill: Any) -> None:
     """Write ``head``, then ``fill(file, its path)``, to a temporary file renamed over the target at the end."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        umask = os.umask(0o22)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as f:
-            f.write(head)
-            f.flush()
-            fill(f, tmp)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        folder = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself survives a crash only once the folder is synced
-        finally:
-            os.close(folder)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def write(f: BinaryIO, tmp: Path) -> None:
+        f.write(head)
+        f.flush()
+        fill(f, str(tmp))
+
+    _atomic.publish(target, write)
 
 
 def _save_lazy(path: str | os.PathLike[str], tensors: Mapping[str, Any]) -> None:

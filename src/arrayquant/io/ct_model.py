@@ -26,8 +26,6 @@ import itertools
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ import numpy as np
 from ..errors import CorruptDataError, PathError, SchemeError, ShapeError
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
+from . import _atomic, _dtypes
 from .checkpoint import save_stream
 from .ct_config import modules_quantization_config, quantization_config, weight_groups
 from .ct_formats import BF16_FORMATS, read_weight, weight_format
@@ -64,7 +63,7 @@ __all__ = [
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-_FLOATS = ("F32", "F16", "BF16", "F64")
+_FLOATS = _dtypes.SAFETENSORS_FLOATS
 _SKIP_NAMES = ("embed", "lm_head", "norm")  # in a name, as llm-compressor's default ignores them
 
 
@@ -162,25 +161,13 @@ def _check_target(source: Path, target: Path, what: str) -> None:
         raise PathError(msg)
 
 
-@contextlib.contextmanager
-def _building(target: Path) -> Iterator[Path]:
+def _building(target: Path) -> contextlib.AbstractContextManager[Path]:
     """A hidden folder beside ``target`` that becomes it at the end, or is removed on failure.
 
     A failed or interrupted run then leaves no half-written model behind to block the next one.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
-    try:
-        yield tmp
-        umask = os.umask(0o22)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # a folder's usual mode, not mkdtemp's 0700
-        if target.is_dir():
-            target.rmdir()  # empty, as _check_target made sure
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return _atomic.building(target)
 
 
 # float weights in other formats, left behind: an engine could load them instead of, or beside,

@@ -46,7 +46,6 @@ import operator
 import os
 import stat
 import struct
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ from ..errors import (
 from ..quantize import quantize
 from ..scheme import QuantScheme
 from ..tensor import QuantizedTensor
-from . import gguf_types
+from . import _atomic, _dtypes, gguf_types
 from .importance import search_arguments
 
 __all__ = [
@@ -121,18 +120,9 @@ _ITEM_DTYPE = {
     12: "<f8",
 }
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
-_PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
-_FLOAT_SOURCES = ("F32", "F16", "BF16", "F64")  # what quantize_file quantizes from
-_ARRAY_TYPES = {
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float64": "F64",
-    "int8": "I8",
-    "int16": "I16",
-    "int32": "I32",
-    "int64": "I64",
-}
+_PLAIN = {k: d.numpy for k, d in _dtypes.GGUF.items() if d.native}  # viewed as NumPy arrays as they are
+_FLOAT_SOURCES = _dtypes.GGUF_FLOATS  # what quantize_file quantizes from
+_ARRAY_TYPES = {d.name: k for k, d in _dtypes.GGUF.items()}
 # Substrings of the 2-d weights llama-quantize leaves unquantized (llama-quant.cpp, as read in 2025):
 # MoE routers, Gemma 3n's small altup/laurel/per-layer projections, BERT's position and token-type
 # embeddings, Mamba/LFM2 convolutions, RWKV's time-mix weights, T5's relative bias, vision position
@@ -948,45 +938,39 @@ def _writing(target: Path, arch: str, fields: Mapping[str, Any], plan: Sequence[
     """
     g = _gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
     writer = None
-    try:
-        umask = os.umask(0o22)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # the mode of a file opened for writing, not mkstemp's 0600
-        writer = _writer_class()(tmp, arch)
-        writer.target = target
-        kv = writer.kv_data[0]
-        kv.clear()
-        for key, v in fields.items():
-            kv[key] = g.GGUFValue(v.value, v.type, v.sub_type)
-        align = fields.get(_ALIGN_KEY)
-        if align is not None:
-            writer.data_alignment = int(align.value)
-        for o in plan:
-            writer.add_tensor_info(o.name, o.shape, np.dtype(np.float32), o.nbytes, g.GGMLQuantizationType[o.type_name])
-        with _named(target):
-            writer.write_header_to_file()
-            try:
-                writer.write_kv_data_to_file()
-            except (struct.error, ValueError, TypeError) as e:  # a value that does not fit its GGUF type
-                msg = f"the metadata cannot be written as GGUF: {e}"
-                raise ParamsError(msg) from None
-            writer.write_ti_data_to_file()
-        yield writer
-        with _named(target):
-            for out in writer.fout:
-                out.flush()
-                os.fsync(out.fileno())
-            writer.close()
-        os.replace(tmp, target)
-    except BaseException:
-        if writer is not None:
-            with contextlib.suppress(OSError):  # closing flushes, and on a full disk fails again
+    with _atomic.publishing(target) as (_, tmp):  # gguf-py opens the file by its path itself
+        try:
+            writer = _writer_class()(str(tmp), arch)
+            writer.target = target
+            kv = writer.kv_data[0]
+            kv.clear()
+            for key, v in fields.items():
+                kv[key] = g.GGUFValue(v.value, v.type, v.sub_type)
+            align = fields.get(_ALIGN_KEY)
+            if align is not None:
+                writer.data_alignment = int(align.value)
+            for o in plan:
+                kind = g.GGMLQuantizationType[o.type_name]
+                writer.add_tensor_info(o.name, o.shape, np.dtype(np.float32), o.nbytes, kind)
+            with _named(target):
+                writer.write_header_to_file()
+                try:
+                    writer.write_kv_data_to_file()
+                except (struct.error, ValueError, TypeError) as e:  # a value that does not fit its GGUF type
+                    msg = f"the metadata cannot be written as GGUF: {e}"
+                    raise ParamsError(msg) from None
+                writer.write_ti_data_to_file()
+            yield writer
+            with _named(target):
+                for out in writer.fout:
+                    _atomic.sync(out)
                 writer.close()
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        except BaseException:
+            if writer is not None:
+                with contextlib.suppress(OSError):  # closing flushes, and on a full disk fails again
+                    writer.close()
+            raise
 
 
 def _check_alignment(align: Any) -> None:

@@ -63,10 +63,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptDataError, DTypeError, NonFiniteInputError, ParamsError, ShapeError
+from . import _dtypes
 
 __all__ = ["check_importance", "load_importance", "search_arguments"]
 
-_FLOATS = ("F16", "BF16", "F32", "F64")
+_FLOATS = _dtypes.SAFETENSORS_FLOATS
 _SUM2, _COUNTS = ".in_sum2", ".counts"
 
 

@@ -48,6 +48,7 @@ from ..invariants import Plan, check_params, check_shape, plan_for
 from ..scheme import QParams, QuantScheme, ScaleDtype
 from ..storage import values_layout
 from ..tensor import QuantizedTensor
+from . import _dtypes
 from .burn import check_codes, decode_scales
 from .paths import open_regular
 from .regions import write_all
@@ -75,24 +76,8 @@ HEADER_LIMIT = 100 * 2**20  # safetensors' own limit on the JSON header
 NUMPY_MAX_RANK = 64  # NumPy's limit on the number of axes
 _NUMPY_MAX_BYTES = 2**63 - 1  # NumPy refuses a shape whose nonzero extents times the item size pass this
 # safetensors header dtype <-> (numpy dtype of the raw data, TensorSpec dtype name)
-_PLAIN = {
-    "F64": ("<f8", "float64"),
-    "F32": ("<f4", "float32"),
-    "F16": ("<f2", "float16"),
-    "BF16": ("<u2", "bfloat16"),
-    "I64": ("<i8", "int64"),
-    "I32": ("<i4", "int32"),
-    "I16": ("<i2", "int16"),
-    "I8": ("i1", "int8"),
-    "U32": ("<u4", "uint32"),
-    "U16": ("<u2", "uint16"),
-    "U8": ("u1", "uint8"),
-    "BOOL": ("u1", "bool"),
-    "F8_E4M3": ("u1", "float8_e4m3fn"),
-    "F8_E5M2": ("u1", "float8_e5m2"),
-    "F8_E8M0": ("u1", "float8_e8m0fnu"),
-}
-_ITEMSIZE = {k: np.dtype(raw).itemsize for k, (raw, _) in _PLAIN.items()}
+_PLAIN = {k: (d.numpy, d.name) for k, d in _dtypes.SAFETENSORS.items()}
+_ITEMSIZE = {k: d.itemsize for k, d in _dtypes.SAFETENSORS.items()}
 _SCALE_DTYPES = {
     ScaleDtype.F32: "F32",
     ScaleDtype.F16: "F16",
@@ -101,7 +86,7 @@ _SCALE_DTYPES = {
     ScaleDtype.UE8M0: "F8_E8M0",
 }
 _VALUE_DTYPES = {"int8": "I8", "uint8": "U8", "uint32": "U32"}
-_FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_FLOAT_DTYPES = _dtypes.FLOAT_NAMES
 _short = reprlib.Repr()
 _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 60, 60, 8, 4
 

@@ -3,17 +3,17 @@
 What each operation returns follows Burn's rules for quantized tensors:
 
 * **layout operations** (``reshape``, ``permute_dims``, ``getitem``, ``concat``, ...; module
-  :mod:`.layout`) return a quantized tensor. Where the operation keeps whole blocks and the scales
+  ``ops.layout``) return a quantized tensor. Where the operation keeps whole blocks and the scales
   still apply, the stored codes and scales are moved and nothing is dequantized; elsewhere the
   data goes through floats and is quantized again with the input's scheme (Burn's fallback).
   ``is_exact`` says which path a call takes.
-* **arithmetic, reductions and scans** (:mod:`.elementwise`) compute on the dequantized values;
+* **arithmetic, reductions and scans** (``ops.elementwise``) compute on the dequantized values;
   ``propagation="inhibit"`` (the default, as in Burn) returns floats, ``"propagate"`` quantizes
   the result again with the input's scheme.
 * **math functions, comparisons and masks** return floats, booleans or indices; ``abs``, ``max``,
   ``min``, ``sort``, ``topk`` and ``mask_select`` always return quantized tensors (all but ``abs``
   select the stored codes exactly for one scale per tensor; ``abs`` is requantized, as Burn's).
-* **matmul** (:mod:`.linalg`) with either side quantized: dequantize and multiply, an exact
+* **matmul** (``ops.linalg``) with either side quantized: dequantize and multiply, an exact
   integer path for integer schemes scaled per tensor or per row/column, and an add/subtract path
   for ternary (Q2S per tensor) weights.
 

@@ -61,7 +61,7 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
         ``b``'s scheme when ``b`` is quantized, else ``a``'s (MinMax scales). The ternary path always
         returns floats, as Burn's does.
     path : {"auto", "reference", "int8", "ternary"}
-        How to compute it (see the module docstring); ``"auto"`` picks :func:`matmul_path`'s answer.
+        How to compute it (see the module docstring); ``"auto"`` picks :func:`~arrayquant.ops.matmul_path`'s answer.
 
     Returns
     -------

@@ -6,7 +6,7 @@ from .scales import to_f32
 
 __all__ = ["CODEBOOKS", "NF4"]
 
-# NormalFloat4 (QLoRA, Dettmers et al. 2023): quantiles of N(0, 1) scaled to [-1, 1], as f32.
+#: NormalFloat4 (QLoRA, Dettmers et al. 2023): quantiles of N(0, 1) scaled to [-1, 1], as f32.
 NF4: tuple[float, ...] = tuple(
     to_f32(v)
     for v in (

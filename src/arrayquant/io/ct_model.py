@@ -384,11 +384,7 @@ def _declare_dtype(config: dict[str, Any], formats: set[str]) -> None:
         return
     # no dtype named: transformers builds it in float32
     source = next((str(config[k]) for k in _DTYPE_KEYS if isinstance(config.get(k), str)), "float32")
-    subs = [v for v in config.values() if isinstance(v, dict) and "model_type" in v]
-    for part in (config, *subs):
-        for key in _DTYPE_KEYS:
-            if key in part:
-                part[key] = "bfloat16"
+    _set_dtype(config, "bfloat16")
     config["dtype"] = "bfloat16"
     if source != "bfloat16":  # dequantize_model gives the source's dtype back
         config[SOURCE_DTYPE] = source

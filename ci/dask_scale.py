@@ -37,7 +37,7 @@ import numpy as np
 import arrayquant as aq
 from arrayquant import fused
 from arrayquant.invariants import plan_for
-from arrayquant.io.checkpoint import read_header
+from arrayquant.io.safetensors.reader import read_header
 
 GB = 1e9
 GIB = 1 << 30

@@ -58,14 +58,14 @@ def _gguf(path: Path, shapes: list[tuple[str, tuple[int, int]]]) -> None:
 
 
 def _safetensors(path: Path, shapes: list[tuple[str, tuple[int, int]]]) -> None:
-    from arrayquant.io.checkpoint import save_stream
+    from arrayquant.io.arrayquant.checkpoint import save_stream
 
     rng = np.random.default_rng(0)
     save_stream(path, ((name, rng.standard_normal(shape, np.float32) * 0.02) for name, shape in shapes))
 
 
 def _burnpack(path: Path, shapes: list[tuple[str, tuple[int, int]]]) -> None:
-    from arrayquant.io.burnpack import save_stream
+    from arrayquant.io.burn.burnpack import save_stream
 
     rng = np.random.default_rng(0)
     save_stream(path, ((name, rng.standard_normal(shape, np.float32) * 0.02) for name, shape in shapes))

@@ -31,7 +31,7 @@ except ImportError:  # a checkout without `pip install -e .`
 
 import numpy as np
 
-from arrayquant.io.checkpoint import save_stream
+from arrayquant.io.arrayquant.checkpoint import save_stream
 
 _RSS_PROBE = """
 import sys

@@ -26,7 +26,7 @@ import numpy as np
 
 _PROBE = """
 import sys, arrayquant as aq
-from arrayquant.io.ct_model import dequantize_model
+from arrayquant.io.compressed_tensors.model import dequantize_model
 what, src, dst, scheme = sys.argv[1:5]
 if what == "quantize":  # the baseline runs this on a tiny model
     aq.quantize_model(src, dst, scheme)
@@ -55,7 +55,7 @@ def build(folder: Path, gib: float, hidden: int, inter: int, vocab: int) -> tupl
     """Write the model; its size in bytes and its largest tensor's."""
     import ml_dtypes
 
-    from arrayquant.io.checkpoint import save_stream
+    from arrayquant.io.arrayquant.checkpoint import save_stream
 
     per_layer = sum(r * c for r, c in _layer_shapes(hidden, inter).values()) * 2
     layers = max(1, round((gib * 2**30 - 2 * vocab * hidden * 2) / per_layer))
@@ -108,7 +108,7 @@ def _run(*args: str) -> tuple[float, float]:
 
 def _largest_output(folder: Path) -> tuple[str, float]:
     """The largest quantized weight's module and the MiB of its encoded entries."""
-    from arrayquant.io.reader import SafetensorsFile
+    from arrayquant.io.safetensors.reader import SafetensorsFile
 
     sizes: dict[str, int] = {}
     parts: dict[str, int] = {}

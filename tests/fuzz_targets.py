@@ -6,7 +6,7 @@ reproducer (:func:`reproducer`). Targets:
 
 - ``load``: ``aq.load`` of a mutated checkpoint, every tensor checked (dequantize, Burn bytes
   round trip);
-- ``cli``: the CLI's own reader (``cli_commands.Checkpoint``: open, walk ``.tensors``,
+- ``cli``: the CLI's own reader (``arrayquant.io.arrayquant.layout.Checkpoint``: open, walk ``.tensors``,
   ``.array`` / ``.quantized`` + ``aq.dequantize``), which must accept exactly what ``load``
   accepts; on every fourth case also ``arrayquant inspect``, ``dequantize`` and ``compare``
   through ``cli.main`` with a strict UTF-8 stdout, expecting exit 0 or 1 and no traceback;
@@ -294,7 +294,7 @@ def checkpoint_bases() -> tuple[bytes, ...]:
                 elif scheme in ("int64", "bool"):
                     tensors[name] = np.arange(math.prod(shape)).reshape(shape).astype(scheme)
                 elif scheme == "bfloat16":
-                    tensors[name] = x.astype(aq.io.checkpoint._ml_dtype("bfloat16"))
+                    tensors[name] = x.astype(aq.io.safetensors.reader.ml_dtype("bfloat16"))
                 elif "lookup" in scheme:
                     tensors[name] = aq.quantize(x, scheme, table=np.asarray(aq.NF4, np.float32))
                 else:
@@ -1120,7 +1120,7 @@ def _write_folder(folder: Path, files: Iterable[tuple[str, bytes]]) -> None:
 def folder_bases() -> tuple[tuple[str, tuple[tuple[str, bytes], ...]], ...]:
     """(label, files) of small valid model folders: float (one file, three shards) and written by
     ``quantize_model`` in every compressed-tensors format, one of them sharded, one cut inside modules."""
-    from arrayquant.io.ct_model import quantize_model
+    from arrayquant.io.compressed_tensors.requantize import quantize_model
 
     out = [("float", _float_folder(1)), ("float-sharded", _float_folder(3))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -2594,7 +2594,7 @@ def read_load(path: Path) -> dict[str, Any]:
 def read_cli(path: Path) -> None:
     """The CLI's reader over every tensor, as ``inspect`` and ``dequantize`` walk it."""
     import arrayquant as aq
-    from arrayquant.cli_commands import Checkpoint
+    from arrayquant.io.arrayquant.layout import Checkpoint
 
     Stage.now = "Checkpoint"
     with Checkpoint(path) as ck:
@@ -3187,7 +3187,7 @@ def reproducer(case: Case) -> str:
                 f"aq.dequantize(read_nvfp4('case.safetensors', {case.name!r}, backend='numpy'))\n"
             )
         return head + (
-            "from arrayquant.cli_commands import Checkpoint\nfrom arrayquant.cli import main\n"
+            "from arrayquant.io.arrayquant.layout import Checkpoint\nfrom arrayquant.cli import main\n"
             "with Checkpoint('case.safetensors') as ck:\n    for e in ck.tensors:\n"
             "        if e.name in ck.described: aq.dequantize(ck.quantized(e.name))\n"
             "        else: ck.array(e.name)\n"

@@ -100,8 +100,9 @@ def test_the_writers_never_touch_the_umask(tmp_path: Path, monkeypatch: pytest.M
     import numpy as np
 
     import arrayquant as aq
-    from arrayquant.io import burnpack, ct_model
-    from arrayquant.io.checkpoint import save_stream
+    from arrayquant.io.arrayquant.checkpoint import save_stream
+    from arrayquant.io.burn import burnpack
+    from arrayquant.io.compressed_tensors import requantize as ct_model
 
     _no_umask(monkeypatch)
     x = np.ones((8, 64), np.float32)

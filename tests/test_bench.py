@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from arrayquant import bench
+from arrayquant.bench import cases, harness, jobs, reporting
+from arrayquant.bench.cli import peer_list
 from arrayquant.cli import main as cli_main
 
 BENCH = Path(__file__).resolve().parents[1] / "ci" / "bench.py"
@@ -39,7 +41,7 @@ PEER_ROWS = {
     "gguf": ("gguf Q8_0", "gguf Q4_0", "gguf MXFP4"),
     "torch": ("torch int8 per-tensor", "torch int8 block32", "torch fp4 block32", "torch fp8 block32"),
     "bitsandbytes": ("bitsandbytes blockwise8 b32", "bitsandbytes fp4 b32", "bitsandbytes nf4 b32"),
-    "jax.jit": tuple(f"jax.jit {s}" for s in bench.ALL_CASES),
+    "jax.jit": tuple(f"jax.jit {s}" for s in jobs.ALL_CASES),
 }
 
 
@@ -71,7 +73,7 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
     assert doc["size"] == 256
     assert doc["repeat"] == 1
     rows = {(r["case"], r["op"]): r for r in doc["results"]}
-    for case in bench.ALL_CASES:
+    for case in jobs.ALL_CASES:
         for op in ("quantize", "dequantize"):
             r = rows[(case, op)]
             assert len(r["times_s"]) == 1
@@ -81,7 +83,7 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
             assert r["vs_numpy"] > 0
             assert r["extra_mib"] is not None
     # int8 codes and scales equal the obvious NumPy form's; MXFP8 codes equal ml_dtypes' cast
-    for case in (*bench.INT8_TENSOR_SCHEMES, *bench.INT8_BLOCK_SCHEMES, "mxfp8"):
+    for case in (*jobs.INT8_TENSOR_SCHEMES, *jobs.INT8_BLOCK_SCHEMES, "mxfp8"):
         assert rows[(case, "quantize")]["check"] == "exact", case
     assert all(r["kind"] not in ("peer", "jit") for r in doc["results"])
     judged = {(t["case"], t["op"], t["metric"]) for t in doc["targets"]}
@@ -90,7 +92,7 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
     assert ("mxfp4", "dequantize", "GB/s median") in judged
     assert {t["verdict"] for t in doc["targets"]} <= {"PASS", "MISS"}
     # search calibrations beside MinMax: time ratio, and (fused kernels on) the portable kernels' bits
-    for scheme, cal in bench.CALIBRATION_CASES:
+    for scheme, cal in cases.CALIBRATION_CASES:
         r = rows[(f"{scheme} {cal}", "quantize")]
         assert r["kind"] == "calibration"
         assert r["vs_minmax"] == pytest.approx(rows[(scheme, "quantize")]["gbps_median"] / r["gbps_median"])
@@ -121,7 +123,7 @@ def test_arrayquant_bench_times_the_installed_peers(tmp_path: Path) -> None:
             assert (name, "quantize") in rows or name in unavailable, name
     assert "gguf NVFP4" in unavailable or ("gguf NVFP4", "quantize") in rows or "gguf" in unavailable
     if "jax.jit" not in unavailable:  # arrayquant under XLA gives the same bits as on NumPy
-        for case in bench.ALL_CASES:
+        for case in jobs.ALL_CASES:
             assert rows[(f"jax.jit {case}", "quantize")]["check"] == "exact", case
         assert "what XLA fusion gives" in proc.stdout
     if "torch" not in unavailable:
@@ -144,7 +146,7 @@ def test_ratios_use_the_fastest_peer_for_the_same_job() -> None:
         _result("torch int8 block32", "quantize", "peer", 4.0),
         _result("torch fp4 block32", "quantize", "peer", 8.0),  # another job: not compared
     ]
-    bench._ratios(rows)
+    cases.ratios(rows)
     aq = rows[2]
     assert aq.vs_copy == pytest.approx(0.2)
     assert aq.vs_numpy == pytest.approx(4.0)
@@ -179,7 +181,7 @@ def test_calibration_rows_are_judged_on_time_relative_to_minmax() -> None:
         _result("q4s:block32:f16 mse", "quantize", "calibration", 0.02),  # 50x
         _result("nvfp4 4over6", "quantize", "calibration", 0.5),  # not an mse row: timed, not judged
     ]
-    bench._ratios(rows)
+    cases.ratios(rows)
     assert rows[2].vs_minmax == pytest.approx(30.0)
     assert rows[5].vs_minmax == pytest.approx(3.0)
     got = {(t["case"], t["metric"]): t["verdict"] for t in bench.targets(rows) if t["metric"] == "x MinMax time"}
@@ -192,7 +194,7 @@ def test_a_failing_peer_is_reported_not_raised() -> None:
     import numpy as np
 
     host = np.ones((32, 32), dtype=np.float32)
-    b = bench.Bench(host, host, "numpy", 1, bench._no_sync, memory=False)
+    b = bench.Bench(host, host, "numpy", 1, harness.no_sync, memory=False)
 
     def broken() -> None:
         msg = "no kernel for this device"
@@ -213,9 +215,9 @@ def test_a_failing_peer_is_reported_not_raised() -> None:
 
 
 def test_a_wrong_output_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    for var in (*bench.THREAD_VARS, "XLA_FLAGS"):
-        monkeypatch.setenv(var, "1" if var != "XLA_FLAGS" else bench.XLA_ONE_THREAD)  # restored afterwards
-    monkeypatch.setattr(bench, "_verify", lambda *args: "differs")
+    for var in (*harness.THREAD_VARS, "XLA_FLAGS"):
+        monkeypatch.setenv(var, "1" if var != "XLA_FLAGS" else harness.XLA_ONE_THREAD)  # restored afterwards
+    monkeypatch.setattr(cases, "verify", lambda *args: "differs")
     assert cli_main(["bench", "--size", "64", "--repeat", "1", "--peers", "none", "--no-memory"]) == 1
     assert "differ from their reference" in capsys.readouterr().err
 
@@ -229,10 +231,10 @@ def test_checks_compare_with_the_reference() -> None:
     block = bench.np_quantize_block(x)
     tensor = bench.np_quantize_tensor(x)
     qt = aq.quantize(x, "q8s:block32:f16")
-    assert bench._verify("q8s:block32:f16", qt, x, tensor, block) == "exact"
+    assert cases.verify("q8s:block32:f16", qt, x, tensor, block) == "exact"
     codes = block[0].copy()
     codes[3, 5] += 1
-    assert bench._verify("q8s:block32:f16", qt, x, tensor, (codes, block[1])) == "differs"
+    assert cases.verify("q8s:block32:f16", qt, x, tensor, (codes, block[1])) == "differs"
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
@@ -254,7 +256,7 @@ def test_pinned_pins_and_restores() -> None:
 @pytest.mark.parametrize("text", ["gguf,nope", "", "all,none"])
 def test_unknown_peer_is_a_usage_error(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="unknown peer"):
-        bench._peer_list(text)
+        peer_list(text)
     with pytest.raises(SystemExit) as info:
         cli_main(["bench", "--peers", text])
     assert info.value.code == 2
@@ -270,6 +272,6 @@ def test_performance_page_shows_a_recorded_run() -> None:
     """docs/performance.md carries the tables of the run recorded beside it, as the bench renders them."""
     docs = Path(__file__).resolve().parents[1] / "docs"
     doc = json.loads((docs / "performance.json").read_text())
-    assert doc["size"] == bench.TARGET_SIZE
+    assert doc["size"] == reporting.TARGET_SIZE
     assert doc["machine"]["backend"] == "numpy"
     assert bench.markdown(doc) in (docs / "performance.md").read_text()

@@ -1,4 +1,4 @@
-"""Burnpack files (``io/burnpack.py``), checked against Burn's layout rebuilt by hand.
+"""Burnpack files (``io/burn/``), checked against Burn's layout rebuilt by hand.
 
 The oracle is an independent reader and writer in this module (``struct`` + ``cbor2``) that
 follows Burn's source at commit 2c06be35 (``crates/burn-pack/src/{base,reader,writer}.rs``):
@@ -35,8 +35,8 @@ from arrayquant.errors import (  # noqa: E402
     SchemeError,
     ShapeError,
 )
-from arrayquant.io import burnpack as bp  # noqa: E402
-from arrayquant.io.reader import Passthrough, SafetensorsFile  # noqa: E402
+from arrayquant.io.burn import burnpack as bp  # noqa: E402
+from arrayquant.io.safetensors.reader import Passthrough, SafetensorsFile  # noqa: E402
 
 MAGIC = 0x4255524E
 

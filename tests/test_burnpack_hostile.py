@@ -1,4 +1,4 @@
-"""Hostile Burnpack files (``io/burnpack.py``): memory in proportion to the file, typed errors for absurd shapes.
+"""Hostile Burnpack files (``io/burn/``): memory in proportion to the file, typed errors for absurd shapes.
 
 Files are laid out as in ``test_burnpack.py`` (10-byte header, CBOR metadata, data at the next
 multiple of 256); the hostile metadata is spliced from CBOR heads by hand so that building it
@@ -26,7 +26,7 @@ cbor2 = pytest.importorskip("cbor2")
 import arrayquant as aq  # noqa: E402
 from arrayquant.errors import CorruptDataError, ShapeError  # noqa: E402
 from arrayquant.invariants.data import MAX_ELEMENTS  # noqa: E402
-from arrayquant.io import burnpack as bp  # noqa: E402
+from arrayquant.io.burn import burnpack as bp  # noqa: E402
 
 MAGIC = 0x4255524E
 MB = 20_000_000  # the size of each hostile metadata block
@@ -115,7 +115,7 @@ MEASURE = textwrap.dedent(
     """
     import json, os, resource, sys, time
     import arrayquant as aq
-    from arrayquant.io import burnpack  # noqa: F401 - imported before the baseline
+    from arrayquant.io.burn import burnpack  # noqa: F401 - imported before the baseline
     import cbor2  # noqa: F401
     pid = os.fork()
     if pid:

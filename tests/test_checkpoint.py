@@ -26,7 +26,7 @@ import pytest
 import safetensors
 
 import arrayquant as aq
-import arrayquant.io.checkpoint as checkpoint
+import arrayquant.io.arrayquant.checkpoint as checkpoint
 from arrayquant.backends import shim
 
 VALUES = ("q8s", "q8f", "q4s", "q4f", "q2s", "q2f", "e4m3", "e5m2", "e2m1")

@@ -203,7 +203,7 @@ def test_metrics_errors() -> None:
 
 
 def test_cli_error_stats_use_the_meter() -> None:
-    from arrayquant.cli_commands import ErrorStats
+    from arrayquant.cli.stats import ErrorStats
 
     x = np.array([[1.0, 2.0]], np.float32)
     stats = ErrorStats(hist=np.zeros(140, np.int64))

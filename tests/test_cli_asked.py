@@ -20,8 +20,8 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.io.checkpoint import save_stream
-from arrayquant.io.reader import SafetensorsFile
+from arrayquant.io.arrayquant.checkpoint import save_stream
+from arrayquant.io.safetensors.reader import SafetensorsFile
 
 pytest.importorskip("ml_dtypes")
 pytest.importorskip("tqdm")
@@ -123,7 +123,7 @@ def test_dequantize_gguf_to_gguf_writes_gguf(gguf_q8: Path, tmp_path: Path, caps
 def test_dequantize_bpk_to_bpk_writes_burnpack(
     bpk_q8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from arrayquant.io.burnpack import read_burnpack
+    from arrayquant.io.burn.burnpack import read_burnpack
 
     back = tmp_path / "back.bpk"
     assert main(["dequantize", str(bpk_q8), str(back)]) == 0
@@ -199,7 +199,7 @@ def test_outputs_named_for_another_format_are_refused(
 def test_requantizing_gguf_is_refused_or_done_through_floats(
     gguf_q8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from arrayquant.io import gguf_types
+    from arrayquant.io.gguf import types as gguf_types
 
     q4 = tmp_path / "model-q4_0.gguf"
     assert main(["quantize", str(gguf_q8), str(q4), "--scheme", "q4_0"]) == 1
@@ -235,7 +235,7 @@ def test_requantizing_gguf_is_refused_or_done_through_floats(
 def test_requantizing_burnpack_is_refused_or_done_through_floats(
     bpk_q8: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from arrayquant.io.burnpack import read_burnpack
+    from arrayquant.io.burn.burnpack import read_burnpack
 
     q4 = tmp_path / "model-q4.bpk"
     assert main(["quantize", str(bpk_q8), str(q4), "--scheme", "q4s:block32:f16"]) == 1

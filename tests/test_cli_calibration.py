@@ -12,7 +12,7 @@ from safetensors.numpy import save_file
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.cli_commands import CommandError, check_calibration
+from arrayquant.cli.common import CommandError, check_calibration
 
 SCHEME = "q4s:block32:f16"
 Q = "layers.0.attn.q_proj.weight"  # 256 x 256 in the demo checkpoint

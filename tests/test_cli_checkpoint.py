@@ -13,8 +13,10 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.cli_commands import Entry, selected
-from arrayquant.io.checkpoint import save_stream
+from arrayquant.io._select import Selection
+from arrayquant.io.arrayquant.checkpoint import save_stream
+from arrayquant.io.arrayquant.requantize import why_not
+from arrayquant.io.safetensors.reader import Entry
 
 SCHEME = "q4s:block32:f16"
 
@@ -113,6 +115,7 @@ def test_include_exclude_min_size(
 
 def test_selection_rules() -> None:
     e = lambda name, dtype="F32", shape=(8, 8): Entry(name, dtype, shape, 0, 0)
+    selected = lambda entry, include, exclude, min_size: why_not(entry, Selection(include, exclude, min_size)) is None
     assert selected(e("a.weight"), [], [], 0)
     assert not selected(e("a.bias"), [], [], 0)  # a 2-D bias is still a bias
     assert not selected(e("a.layernorm.weight"), [], [], 0)

@@ -17,9 +17,10 @@ import pytest
 
 import arrayquant as aq
 import arrayquant.cli as cli
-from arrayquant import cli_commands as commands
-from arrayquant.cli import main
-from arrayquant.io.checkpoint import save_stream
+from arrayquant.cli import common, demo, main
+from arrayquant.cli import parser as cli_parser
+from arrayquant.io.arrayquant import requantize
+from arrayquant.io.arrayquant.checkpoint import save_stream
 
 SCHEME = "q4s:block32:f16"
 
@@ -80,10 +81,10 @@ def test_unprintable_names_are_shown_escaped(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_shown_escapes_only_what_cannot_be_printed() -> None:
-    assert commands.shown("layers.0.weight") == "layers.0.weight"
-    assert commands.shown("gewicht.ä.日本") == "gewicht.ä.日本"
-    assert commands.shown("\ud800x") == "\\ud800x"
-    assert commands.shown("a\tb\x00") == "a\\tb\\x00"
+    assert common.shown("layers.0.weight") == "layers.0.weight"
+    assert common.shown("gewicht.ä.日本") == "gewicht.ä.日本"
+    assert common.shown("\ud800x") == "\\ud800x"
+    assert common.shown("a\tb\x00") == "a\\tb\\x00"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ def test_ctrl_c_exits_130_in_one_line(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "save_stream", interrupted)
+    monkeypatch.setattr(requantize, "save_stream", interrupted)
     assert main(["quantize", str(model), str(tmp_path / "q.safetensors"), "--scheme", "q8s", "--quiet"]) == 130
     assert capsys.readouterr().err == "arrayquant: interrupted\n"
     with pytest.raises(KeyboardInterrupt):
@@ -156,7 +157,7 @@ def test_memory_error_exits_1_in_one_line(monkeypatch: pytest.MonkeyPatch, capsy
     def no_memory(*args: object) -> np.ndarray:
         raise MemoryError("Unable to allocate 3.00 GiB for an array with shape (1, 2) and data type float32")
 
-    monkeypatch.setattr(cli, "demo_data", no_memory)
+    monkeypatch.setattr(demo, "demo_data", no_memory)
     assert main(["demo", "--rows", "8", "--cols", "32", "--scheme", "q8s"]) == 1
     err = _one_error_line(capsys.readouterr().err)
     assert err.startswith("arrayquant: error: out of memory (Unable to allocate 3.00 GiB")
@@ -206,7 +207,7 @@ def test_out_that_is_in_is_refused(
 
 _SLOW = """
 import os, sys, time
-import arrayquant.cli_commands as commands
+import arrayquant.io.arrayquant.requantize as commands
 from arrayquant.cli import main
 
 stage = sys.argv[1]
@@ -519,7 +520,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def test_every_argument_has_help_and_shows_its_default() -> None:
-    parser = cli._parser()
+    parser = cli_parser.build_parser()
     subs = _subparsers(parser)
     assert set(subs) == {"demo", "backends", "bench", "quantize", "dequantize", "inspect", "compare"}
     for name, sub in [("arrayquant", parser), *subs.items()]:
@@ -529,7 +530,7 @@ def test_every_argument_has_help_and_shows_its_default() -> None:
             assert action.help, (name, action.dest)
         text = sub.format_help()
         for action in sub._actions:
-            if action.option_strings and not cli._quiet_default(action):
+            if action.option_strings and not cli_parser.quiet_default(action):
                 assert f"(default: {action.default})" in " ".join(text.split()), (name, action.dest)
     demo = " ".join(subs["demo"].format_help().split())
     assert "rows of the f32 demo data (default: 1024)" in demo

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from arrayquant.errors import CorruptDataError
-from arrayquant.io.ct_config import quantization_config, weight_groups
+from arrayquant.io.compressed_tensors.config import quantization_config, weight_groups
 
 ct = pytest.importorskip("compressed_tensors.quantization")
 

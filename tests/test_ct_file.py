@@ -30,11 +30,11 @@ from safetensors.torch import load_file  # noqa: E402
 
 import arrayquant as aq  # noqa: E402
 from arrayquant.errors import CorruptDataError, SchemeError, ShapeError  # noqa: E402
-from arrayquant.io.checkpoint import save_stream  # noqa: E402
-from arrayquant.io.ct_config import modules_quantization_config, quantization_config, weight_groups  # noqa: E402
-from arrayquant.io.ct_file import file_quantization_config, save_compressed_tensors  # noqa: E402
-from arrayquant.io.ct_formats import read_weight  # noqa: E402
-from arrayquant.io.reader import SafetensorsFile  # noqa: E402
+from arrayquant.io.arrayquant.checkpoint import save_stream  # noqa: E402
+from arrayquant.io.compressed_tensors.config import modules_quantization_config, quantization_config, weight_groups  # noqa: E402
+from arrayquant.io.compressed_tensors.file import file_quantization_config, save_compressed_tensors  # noqa: E402
+from arrayquant.io.compressed_tensors.schemes import read_weight  # noqa: E402
+from arrayquant.io.safetensors.reader import SafetensorsFile  # noqa: E402
 
 NVFP4 = ("nvfp4-pack-quantized", {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16})
 FP8_BLOCK = ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]})
@@ -331,7 +331,7 @@ def test_aq_save_and_load_the_file_alone(tmp_path: Path) -> None:
 def test_aq_save_refuses_an_unknown_format(tmp_path: Path) -> None:
     with pytest.raises(
         SchemeError,
-        match=r"format 'gguf2' is not one aq\.save writes; use one of 'arrayquant', 'compressed-tensors', 'gguf'",
+        match=r"format 'gguf2' is not one aq\.save writes; use one of 'gguf', 'burnpack', 'compressed-tensors'",
     ):
         aq.save(tmp_path / "w.safetensors", {"a": np.ones(2, np.float32)}, format="gguf2")
     assert not any(tmp_path.iterdir())

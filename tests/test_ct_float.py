@@ -29,7 +29,7 @@ from compressed_tensors.quantization.utils.helpers import calculate_qparams  # n
 
 import arrayquant as aq  # noqa: E402
 from arrayquant.errors import CorruptDataError, ParamsError, SchemeError, ShapeError  # noqa: E402
-from arrayquant.io import ct_float  # noqa: E402
+from arrayquant.io.compressed_tensors import floats as ct_float  # noqa: E402
 
 COMPRESSOR = {
     "mxfp8-quantized": MXFP8QuantizationCompressor,

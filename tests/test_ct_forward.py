@@ -223,7 +223,7 @@ def test_float32_compute_stays_available(source: Callable[[str, str], Path], tmp
 
 def test_dtype_keys_of_older_and_composite_configs(tmp_path: Path) -> None:
     """``torch_dtype`` (older transformers) and sub-configs that name a dtype are changed too; others kept."""
-    from arrayquant.io.checkpoint import save_stream
+    from arrayquant.io.arrayquant.checkpoint import save_stream
 
     rng = np.random.default_rng(0)
     tensors = {"model.layers.0.mlp.up_proj.weight": rng.standard_normal((64, 64)).astype(np.float32)}
@@ -257,7 +257,7 @@ def test_dequantize_gives_the_source_dtype_back(tmp_path: Path, source: str | No
     # an NVFP4 folder names bfloat16 for transformers; arrayquant dequantize restores the source's dtype
     from safetensors.numpy import save_file
 
-    from arrayquant.io.ct_model import dequantize_model
+    from arrayquant.io.compressed_tensors.model import dequantize_model
 
     src = tmp_path / "m"
     src.mkdir()

@@ -25,7 +25,7 @@ from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams  # noqa: E402
 
 import arrayquant as aq  # noqa: E402
-from arrayquant.io import ct_int  # noqa: E402
+from arrayquant.io.compressed_tensors import ints as ct_int  # noqa: E402
 
 NAME = "model.layers.0.mlp.down_proj"
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import arrayquant as aq
-from arrayquant.io.ct_model import quantize_model
+from arrayquant.io.compressed_tensors.requantize import quantize_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -256,7 +256,7 @@ def test_load_refuses_a_folder_it_cannot_read(tmp_path: Path) -> None:
 def test_dequantized_folder_loads_as_a_plain_model(
     tmp_path: Path, scheme: str, fmt: str, exact: bool, shards: bool
 ) -> None:
-    from arrayquant.io.ct_model import dequantize_model
+    from arrayquant.io.compressed_tensors.model import dequantize_model
 
     src, q, back = tmp_path / "llama", tmp_path / "llama-q", tmp_path / "llama-back"
     _tiny_llama(src, torch.bfloat16, shards)
@@ -323,7 +323,7 @@ def test_max_shard_size_cuts_the_output(tmp_path: Path, limit: object, count: in
     """Shards of at most the size (a larger entry alone), named and indexed as save_pretrained does."""
     from safetensors import safe_open
 
-    from arrayquant.io.ct_model import parse_size
+    from arrayquant.io.compressed_tensors.requantize import parse_size
 
     src, dst, whole = tmp_path / "llama", tmp_path / "cut", tmp_path / "whole"
     _tiny_llama(src, torch.bfloat16, True)  # 100KB input shards, cut again differently

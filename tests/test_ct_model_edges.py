@@ -15,8 +15,9 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.errors import CorruptDataError, NonFiniteInputError, ShapeError
-from arrayquant.io.checkpoint import save_stream
-from arrayquant.io.ct_model import dequantize_model, quantize_model
+from arrayquant.io.arrayquant.checkpoint import save_stream
+from arrayquant.io.compressed_tensors.model import dequantize_model
+from arrayquant.io.compressed_tensors.requantize import quantize_model
 
 pytest.importorskip("ml_dtypes")
 

@@ -36,7 +36,7 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.errors import CorruptDataError, SchemeError
-from arrayquant.io import ct_int
+from arrayquant.io.compressed_tensors import ints as ct_int
 
 pytest.importorskip("compressed_tensors")
 torch = pytest.importorskip("torch")
@@ -341,7 +341,7 @@ def test_ct_mixed_precision_folder_reads_each_group(tmp_path: Path) -> None:
 @pytest.mark.parametrize("preset", ["FP8", "NVFP4", "FP8_DYNAMIC"])
 def test_dequantized_folder_drops_activation_scales(folders: Any, tmp_path: Path, preset: str) -> None:
     """A float folder keeps no activation scale: transformers loads it with no unexpected key."""
-    from arrayquant.io.ct_model import dequantize_model
+    from arrayquant.io.compressed_tensors.model import dequantize_model
 
     src, back = folders(preset, "bfloat16"), tmp_path / "back"
     _, _, extra = PRESETS[preset]

@@ -17,10 +17,10 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.errors import CorruptDataError, NonFiniteInputError, ShapeError
-from arrayquant.io.checkpoint import save_stream
-from arrayquant.io.ct_formats import write_weight
-from arrayquant.io.ct_stream import quantize_entry
-from arrayquant.io.reader import SafetensorsFile
+from arrayquant.io.arrayquant.checkpoint import save_stream
+from arrayquant.io.compressed_tensors.schemes import write_weight
+from arrayquant.io.compressed_tensors.stream import quantize_entry
+from arrayquant.io.safetensors.reader import SafetensorsFile
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

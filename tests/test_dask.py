@@ -262,7 +262,7 @@ def test_save_streams_chunk_by_chunk(text: str, tmp_path: Path, monkeypatch: pyt
 def test_save_stream_mixes_lazy_and_eager(tmp_path: Path) -> None:
     x = weights((64, 64), seed=15)
     items = [("a", aq.quantize(lazy(x, 16), "nvfp4")), ("b", aq.quantize(x, "q8s")), ("c", lazy(x, 20))]
-    aq.io.checkpoint.save_stream(tmp_path / "s.safetensors", iter(items))
+    aq.io.arrayquant.checkpoint.save_stream(tmp_path / "s.safetensors", iter(items))
     loaded = aq.load(tmp_path / "s.safetensors")
     assert aq.to_bytes(loaded["a"]) == aq.to_bytes(aq.quantize(x, "nvfp4"))
     assert aq.to_bytes(loaded["b"]) == aq.to_bytes(aq.quantize(x, "q8s"))
@@ -361,11 +361,11 @@ def test_every_entry_starts_aligned(tmp_path: Path) -> None:
         "d": lazy(x.astype(np.float64), 16),
     }
     aq.save(tmp_path / "lazy.safetensors", items)
-    aq.io.checkpoint.save_stream(tmp_path / "stream.safetensors", iter(items.items()))
+    aq.io.arrayquant.checkpoint.save_stream(tmp_path / "stream.safetensors", iter(items.items()))
     sizes = {"F64": 8, "F32": 4, "U32": 4, "F16": 2, "U8": 1, "I8": 1, "F8_E4M3": 1}
     for name in ("lazy.safetensors", "stream.safetensors"):
         with (tmp_path / name).open("rb") as f:
-            _, header = aq.io.checkpoint.read_header(f, tmp_path / name, (tmp_path / name).stat().st_size)
+            _, header = aq.io.safetensors.reader.read_header(f, tmp_path / name, (tmp_path / name).stat().st_size)
         entries = {k: v for k, v in header.items() if k != "__metadata__"}
         assert all(v["data_offsets"][0] % sizes[v["dtype"]] == 0 for v in entries.values()), entries
         loaded = aq.load(tmp_path / name)
@@ -379,7 +379,7 @@ def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real(fd, memoryview(data)[:7], offset))
     x = weights((64, 64), seed=20)
     aq.save(tmp_path / "lazy.safetensors", {"w": aq.quantize(lazy(x, 16), "nvfp4"), "b": x})
-    aq.io.checkpoint.save_stream(
+    aq.io.arrayquant.checkpoint.save_stream(
         tmp_path / "stream.safetensors", iter([("b", x), ("w", aq.quantize(lazy(x, 16), "q8s"))])
     )
     monkeypatch.setattr(os, "pwrite", real)

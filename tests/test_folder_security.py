@@ -27,9 +27,10 @@ import pytest
 import arrayquant as aq
 from arrayquant.cli import main
 from arrayquant.errors import CorruptDataError, SchemeError, ShapeError
-from arrayquant.io.checkpoint import save_stream
-from arrayquant.io.ct_model import dequantize_model, load_model, quantize_model
-from arrayquant.io.reader import SafetensorsFile
+from arrayquant.io.arrayquant.checkpoint import save_stream
+from arrayquant.io.compressed_tensors.model import dequantize_model, load_model
+from arrayquant.io.compressed_tensors.requantize import quantize_model
+from arrayquant.io.safetensors.reader import SafetensorsFile
 
 pytest.importorskip("ml_dtypes")
 
@@ -272,7 +273,7 @@ def test_other_files_are_copied_only_when_regular(tmp_path: Path) -> None:
     out = tmp_path / "q"
     res = _run(
         f"""
-        from arrayquant.io.ct_model import quantize_model
+        from arrayquant.io.compressed_tensors.requantize import quantize_model
         s = quantize_model({str(src)!r}, {str(out)!r}, "mxfp8")
         print(sorted(s.copied_files))
         print(sorted(s.refused_files.items()))
@@ -507,7 +508,8 @@ def test_a_folder_of_more_shards_than_open_files_is_read_and_written(tmp_path: P
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
         import numpy as np, arrayquant as aq
-        from arrayquant.io.ct_model import dequantize_model, quantize_model
+        from arrayquant.io.compressed_tensors.model import dequantize_model
+        from arrayquant.io.compressed_tensors.requantize import quantize_model
         loaded = aq.load({str(src)!r})
         s = quantize_model({str(src)!r}, {str(tmp_path / "q")!r}, "mxfp8")
         q = aq.load({str(tmp_path / "q")!r})
@@ -525,7 +527,7 @@ def test_a_folder_of_more_shards_than_open_files_is_read_and_written(tmp_path: P
 
 def test_a_file_that_changes_between_reads_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard released by the open-file pool is opened again only if it is still the same file."""
-    from arrayquant.io import reader
+    from arrayquant.io.safetensors import reader
 
     monkeypatch.setattr(reader._OpenFiles, "limit", 1)
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
@@ -669,13 +671,13 @@ def test_a_plain_file_holds_arrays_under_any_name_but_the_header_key(tmp_path: P
 
 def test_each_shard_name_of_a_large_index_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An index maps thousands of tensors to a few shards: checking every entry cost seconds."""
-    from arrayquant.io import ct_model
+    from arrayquant.io.compressed_tensors import folder as ct_folder
 
     src = _folder(tmp_path / "m", {"model.safetensors": {"a.q_proj.weight": _w(64, 64)}})
     mapping = {f"t{i}": "model.safetensors" for i in range(50_000)}
     (src / INDEX).write_text(json.dumps({"weight_map": mapping}))
     calls: list[object] = []
-    checked = ct_model.shard_name
-    monkeypatch.setattr(ct_model, "shard_name", lambda f, n, i: calls.append(n) or checked(f, n, i))
-    assert ct_model.weight_files(src) == (["model.safetensors"], True)
+    checked = ct_folder.shard_name
+    monkeypatch.setattr(ct_folder, "shard_name", lambda f, n, i: calls.append(n) or checked(f, n, i))
+    assert ct_folder.weight_files(src) == (["model.safetensors"], True)
     assert calls == ["model.safetensors"]

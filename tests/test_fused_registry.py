@@ -164,10 +164,10 @@ def test_nan_in_a_dask_chunk_of_a_two_level_scheme_is_reported(calls: list[str])
 
 
 def test_one_thread_launches_run_serially_without_the_lock() -> None:
-    from arrayquant.fused.numba_search import _LAUNCH, launch
+    from arrayquant.fused.numba_launch import LOCK, launch
 
     seen: list[tuple[str, bool]] = []
-    kernels = (lambda: seen.append(("parallel", _LAUNCH.locked())), lambda: seen.append(("serial", _LAUNCH.locked())))
+    kernels = (lambda: seen.append(("parallel", LOCK.locked())), lambda: seen.append(("serial", LOCK.locked())))
     with aq.fused_kernels(threads=1):
         launch(kernels, 1 << 30)
     with aq.fused_kernels(threads=2):
@@ -280,3 +280,55 @@ def test_backends_command_lists_the_fused_kernels() -> None:
         "cupy (GPU)         off: cupy is not installed (pip install 'arrayquant[gpu]')" in gpu
         or "on (unverified)" in gpu
     )
+
+
+@pytest.mark.parametrize(
+    ("scheme", "shape"),
+    [
+        ("q4s:block32:f16", (8, 64)),
+        ("nvfp4", (8, 64)),
+        ("q8s:block8x32:f16", (16, 64)),
+        ("q8s", (8, 64)),
+        ("q8s", (64,)),
+    ],
+)
+def test_mse_search_kernels_take_the_thread_setting(scheme: str, shape: tuple[int, ...], monkeypatch) -> None:
+    # every MSE search kernel launches through launch(), which asks threads.planned: under
+    # fused_kernels(threads=1) each launch is planned on one thread (the serial compilation runs)
+    planned: list[int] = []
+    real = threads.planned
+
+    def spy(elements: int | None = None) -> int:
+        planned.append(real(elements))
+        return planned[-1]
+
+    monkeypatch.setattr(threads, "planned", spy)
+    monkeypatch.delenv("ARRAYQUANT_FUSED", raising=False)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    with aq.fused_kernels(threads=1):
+        qt = aq.quantize(x, scheme, calibration="mse")
+    assert planned
+    assert set(planned) == {1}
+    with aq.fused_kernels(False):
+        want = aq.quantize(x, scheme, calibration="mse")
+    np.testing.assert_array_equal(np.asarray(qt.values), np.asarray(want.values))
+
+
+def test_parallel_and_serial_kernels_are_cached_apart():
+    # Numba's disk cache keys an entry by the function's name, code and closure, not by `parallel`:
+    # the serial copy needs a name of its own, or one process's first launch decides both kernels
+    pytest.importorskip("numba")
+    from arrayquant.fused import numba_launch
+
+    def add_one(x):
+        for i in numba_launch.numba.prange(x.shape[0]):
+            x[i] += 1.0
+
+    par, ser = numba_launch.parallel_and_serial(add_one)
+    assert par.py_func.__qualname__ != ser.py_func.__qualname__
+    assert par.targetoptions.get("parallel") is True
+    assert not ser.targetoptions.get("parallel", False)
+    x = np.zeros(4, np.float32)
+    par(x)
+    ser(x)
+    np.testing.assert_array_equal(x, np.full(4, 2.0, np.float32))

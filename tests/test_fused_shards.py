@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 
 import arrayquant as aq
-from arrayquant.io.ct_model import quantize_model
-from arrayquant.io.ct_stream import quantize_entry
-from arrayquant.io.reader import SafetensorsFile
+from arrayquant.io.compressed_tensors.requantize import quantize_model
+from arrayquant.io.compressed_tensors.stream import quantize_entry
+from arrayquant.io.safetensors.reader import SafetensorsFile
 
 safetensors = pytest.importorskip("safetensors")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -457,7 +457,7 @@ def test_schemes_without_a_shared_level_are_unchanged(tmp_path: Path, scheme: st
 
 
 def test_the_table_and_its_scopes() -> None:
-    from arrayquant.io.fused_shards import FALLBACK, fused_groups, fusions_for
+    from arrayquant.io.compressed_tensors.fused_shards import FALLBACK, fused_groups, fusions_for
 
     whisper = fusions_for({"model_type": "whisper"})
     d = "model.decoder.layers.0"
@@ -485,7 +485,7 @@ def test_quantize_entry_under_its_own_level_is_unchanged(tmp_path: Path, scheme:
     x = _weight(rng, (96, 64), 0.7)
     x[5, 7] = 9.0  # one large value: the global is the whole tensor's, not a slab's
     st_numpy.save_file({"w.weight": x}, str(tmp_path / "w.safetensors"))
-    from arrayquant.io.ct_stream import tensor_level
+    from arrayquant.io.compressed_tensors.stream import tensor_level
 
     s = aq.QuantScheme.parse(scheme)
     with SafetensorsFile(tmp_path / "w.safetensors") as st:

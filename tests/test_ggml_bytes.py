@@ -16,7 +16,7 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.io import gguf_types
+from arrayquant.io.gguf import types as gguf_types
 
 from . import ggml_oracle
 

@@ -28,7 +28,8 @@ from arrayquant.errors import (
     ShapeError,
 )
 from arrayquant.io import gguf as G
-from arrayquant.io import gguf_types
+from arrayquant.io.gguf import types as gguf_types
+from arrayquant.io.gguf.writer import ARRAY_TYPES
 
 gguf = pytest.importorskip("gguf")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -240,7 +241,7 @@ def test_save_arrays_and_metadata_read_by_gguf_py(tmp_path: Path) -> None:
     assert list(got) == list(arrays)
     for name, x in arrays.items():
         t = got[name]
-        assert t.tensor_type.name == G._ARRAY_TYPES[x.dtype.name]
+        assert t.tensor_type.name == ARRAY_TYPES[x.dtype.name]
         assert tuple(reversed(t.shape.tolist())) == x.shape
         assert np.asarray(t.data).tobytes() == x.tobytes()
     # and back through arrayquant, metadata included
@@ -420,7 +421,7 @@ def test_quantize_file_keeps_everything_and_quantizes_as_llama_quantize(tmp_path
     # rows of 48 are no whole Q8_0 blocks: llama-quantize's tensor_type_fallback writes F16
     assert summary.fallback == {"blk.0.ffn_down.weight": "F16"}
     assert types["blk.0.ffn_down.weight"] == "F16"
-    assert summary.type_name == "Q8_0"
+    assert summary.stored_as == "Q8_0"
     assert summary.format == "gguf"
     assert {n for n, t in types.items() if t == "Q8_0"} == set(quantized)
     assert summary.left_out == {
@@ -457,7 +458,7 @@ def test_quantize_file_to_every_exact_type(tmp_path: Path, type_name: str) -> No
     summary = G.quantize_file(src, dst, type_name.lower())
     written = type_name  # tq1_0 too, though its scheme is TQ2_0's
     assert summary.quantized == ["blk.0.ffn_up.weight"]
-    assert summary.type_name == written
+    assert summary.stored_as == written
     r = gguf.GGUFReader(str(dst))
     assert [t.tensor_type.name for t in r.tensors] == [written, "F32"]
     assert r.fields["general.file_type"].contents() == int(getattr(gguf.LlamaFileType, f"MOSTLY_{written}", 38))
@@ -474,8 +475,9 @@ def test_quantize_file_include_exclude_and_in_place(tmp_path: Path) -> None:
     _model(src)
     summary = G.quantize_file(src, src, "q8f:block32:f16", include=["blk.*"], exclude=["*attn_k*"])
     assert summary.quantized == ["blk.0.attn_q.weight", "blk.0.ffn_up.weight"]
-    for name in ("token_embd.weight", "output.weight", "blk.0.attn_k.weight"):
-        assert summary.left_out[name] == "not selected by --include/--exclude"
+    for name in ("token_embd.weight", "output.weight"):
+        assert summary.left_out[name] == "not named by include"
+    assert summary.left_out["blk.0.attn_k.weight"] == "named by exclude"
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(src)).tensors}
     assert types["blk.0.attn_q.weight"] == "Q8_0"
     assert types["token_embd.weight"] == "F16"
@@ -746,7 +748,7 @@ def test_quantize_file_two_level_nvfp4_writes_llama_cpp_pairs(tmp_path: Path, sc
     )
     seen: list[str] = []
     summary = G.quantize_file(src, dst, scheme, progress=seen.append)
-    assert summary.type_name == "NVFP4"
+    assert summary.stored_as == "NVFP4"
     assert summary.quantized == ["blk.0.ffn_up.weight", "blk.0.ffn_gate.weight"]
     assert summary.left_out == {
         "blk.0.attn_k.weight": "its nvfp4 per-tensor scale would go in 'blk.0.attn_k.scale' "

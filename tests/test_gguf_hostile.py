@@ -27,6 +27,8 @@ import pytest
 import arrayquant as aq
 from arrayquant.errors import CorruptDataError, ParamsError, ShapeError
 from arrayquant.io import gguf as G
+from arrayquant.io.gguf.container import TensorInfo
+from arrayquant.io.gguf.reader import tensor_value
 from arrayquant.io.importance import load_importance
 
 gguf = pytest.importorskip("gguf")
@@ -136,7 +138,7 @@ def test_a_4_mib_metadata_bomb_costs_little(kind: str, tmp_path: Path) -> None:
         for c in costs:
             assert c["error"] is not None
             assert "CorruptDataError" in c["error"]
-            assert f"more than {MAX_KEY_VALUES} (arrayquant.io.gguf.MAX_KEY_VALUES)" in c["error"]
+            assert f"more than {MAX_KEY_VALUES} (arrayquant.io.gguf.container.MAX_KEY_VALUES)" in c["error"]
     else:  # sound files: read, and copied
         assert [c["error"] for c in costs] == [None, None, None]
 
@@ -148,7 +150,7 @@ def test_the_limits_are_the_documented_ones() -> None:
 def test_too_many_key_values_is_a_typed_error_naming_the_limit(tmp_path: Path) -> None:
     path = tmp_path / "kv.gguf"
     path.write_bytes(_many_tiny_key_values((MAX_KEY_VALUES + 1) * 21))
-    pattern = r"claims 65537 key/values; more than 65536 \(arrayquant.io.gguf.MAX_KEY_VALUES\) are refused"
+    pattern = r"claims 65537 key/values; more than 65536 \(arrayquant.io.gguf.container.MAX_KEY_VALUES\) are refused"
     with pytest.raises(CorruptDataError, match=pattern):
         aq.load(path)
     # at the limit a file is read, and quickly
@@ -442,6 +444,6 @@ def test_a_zero_extent_quantized_tensor_is_named(tmp_path: Path) -> None:
 
 def test_a_zero_size_tensor_no_array_can_take_is_a_typed_error() -> None:
     """Found by the 200,000-case fuzz run: a count lie left an empty F32 tensor of shape [0, 2**62, 2**62]."""
-    t = G._Info("w", "F32", (0, 2**62, 2**62), 0, 0)
+    t = TensorInfo("w", "F32", (0, 2**62, 2**62), 0, 0)
     with pytest.raises(ShapeError, match=r"tensor 'w' has shape .*which no array can take"):
-        G._value(np.zeros(0, np.uint8), t, None, None)
+        tensor_value(np.zeros(0, np.uint8), t, None, None)

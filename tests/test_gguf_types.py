@@ -14,7 +14,7 @@ import pytest
 
 import arrayquant as aq
 from arrayquant.errors import QuantizationError
-from arrayquant.io import gguf_types as gt
+from arrayquant.io.gguf import types as gt
 
 gguf = pytest.importorskip("gguf")
 ml_dtypes = pytest.importorskip("ml_dtypes")

@@ -364,7 +364,7 @@ def test_dir_lists_public_names_only() -> None:
     names = dir(aq)
     assert "quantize" in names
     assert "QuantScheme" in names
-    for internal in ("kernels", "invariants", "blockwork", "chunks", "lazy", "storage", "cli_commands"):
+    for internal in ("kernels", "invariants", "blockwork", "chunks", "lazy", "storage", "cli"):
         assert internal not in names
 
 

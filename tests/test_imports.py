@@ -1,9 +1,33 @@
-"""Import hygiene: no optional backend on import, and imports that flow one way between layers.
+"""Import hygiene: no optional backend on import, imports that flow one way, no private names shared.
 
-Layers (imports flow one way): errors (0) < scheme (1) < invariants (2) < kernels (3) < backends (4)
-< everything else at the top level: quantize, dequantize, storage, tensor, chunks, convert,
-``__init__``, ... (5). A module may import from its own layer or a lower one only. Array library
-names appear only under ``backends/``; ``scheme/`` and ``errors`` import no array code at all.
+Layers over the whole package, lowest first (a module imports from its own layer or a lower one):
+
+===  ==========================================  ===============================================
+  0  ``errors``, ``_version``                     the error types, the version
+  1  ``scheme``                                   schemes, pure Python
+  2  ``invariants``                               checks before any kernel runs
+  3  ``kernels``                                  portable Array API kernels
+  4  ``backends``                                 the shim choosing array libraries and devices
+  5  ``storage``, ``blockwork``, ``chunks``,       stored values, block walks, slabs, conversion
+     ``convert``
+  6  ``tensor``                                   :class:`QuantizedTensor`, the data type
+  7  ``fused``                                    one-library fused kernels (Numba, CuPy)
+  8  ``lazy``                                     out-of-core (Dask) drivers
+  9  ``quantize``, ``dequantize``                 the codec
+ 10  ``metrics``, ``gptq``                        built on the codec
+ 11  ``ops``                                      operations on quantized tensors
+ 12  ``io``                                       files in every format
+ 13  ``bench``                                    the benchmark
+ 14  ``cli``                                      the command line
+ 15  the package root, ``__main__``               the public face
+===  ==========================================  ===============================================
+
+``tensor`` sits below the codec because every layer above returns its type; its operator methods
+reach ``ops`` at call time through the one upward edge allowed (:data:`ALLOWED_EDGES`). Array
+library names appear only in the host layers; ``scheme`` and ``errors`` import no array code.
+A ``_private`` name is never imported from another module, nor read as ``module._name``: what two
+modules share is public in the lower one (a private *module* such as ``io/_atomic.py`` is shared
+inside its own package).
 """
 
 from __future__ import annotations
@@ -20,15 +44,40 @@ import arrayquant
 
 PACKAGE = "arrayquant"
 ROOT = Path(arrayquant.__file__).resolve().parent
-LAYERS = {"errors": 0, "scheme": 1, "invariants": 2, "kernels": 3, "backends": 4}
-API_LAYER = 5
-LAYER_NAMES = {0: "errors", 1: "scheme", 2: "invariants", 3: "kernels", 4: "backends", 5: "api"}
+LAYERS = {
+    "errors": 0,
+    "_version": 0,
+    "scheme": 1,
+    "invariants": 2,
+    "kernels": 3,
+    "backends": 4,
+    "storage": 5,
+    "blockwork": 5,
+    "chunks": 5,
+    "convert": 5,
+    "tensor": 6,
+    "fused": 7,
+    "lazy": 8,
+    "quantize": 9,
+    "dequantize": 9,
+    "metrics": 10,
+    "gptq": 10,
+    "ops": 11,
+    "io": 12,
+    "bench": 13,
+    "cli": 14,
+    "__main__": 15,
+}
+API_LAYER = 15  # the package root
+# the one upward edge: QuantizedTensor's operator methods dispatch to ops at call time
+ALLOWED_EDGES = frozenset({("arrayquant.tensor", "arrayquant.ops")})
+LAYER_NAMES = {n: "/".join(k for k, v in LAYERS.items() if v == n) or "api" for n in range(API_LAYER + 1)}
 ARRAY_LIBRARIES = ("numpy", "cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 KERNEL_FORBIDDEN = ("numpy", "cupy", "torch", "jax", "dask")
 # host-side I/O and the command line read and write NumPy buffers, the benchmark times the peers
 # (ml_dtypes, torch, jax, cupy, imported inside its functions), and the fused kernels are written
 # for one library each (Numba on NumPy arrays); the portable kernels never name one
-HOST_LAYERS = ("backends", "io", "cli", "cli_commands", "bench", "metrics", "fused")
+HOST_LAYERS = ("backends", "io", "cli", "bench", "metrics", "fused")
 PURE_FORBIDDEN = (*ARRAY_LIBRARIES, "array_api_compat")
 OPTIONAL_BACKENDS = ("cupy", "torch", "jax", "dask", "array_api_strict", "ml_dtypes")
 
@@ -75,7 +124,8 @@ def layer_of(module: str) -> int:
     assert parts[0] == PACKAGE, module
     if len(parts) == 1:
         return API_LAYER
-    return LAYERS.get(parts[1], API_LAYER)
+    assert parts[1] in LAYERS, f"{module} has no layer: add its top-level module to LAYERS"
+    return LAYERS[parts[1]]
 
 
 def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
@@ -123,7 +173,10 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
         top = target.split(".")[0]
         if top == PACKAGE:
             there = layer_of(target)
-            if there > here:
+            if there > here and not any(
+                (module == a or module.startswith(a + ".")) and (target == b or target.startswith(b + "."))
+                for a, b in ALLOWED_EDGES
+            ):
                 found.append(
                     f"{module}:{line} imports {target} ({LAYER_NAMES[there]}, layer {there}) "
                     f"from {LAYER_NAMES[here]} (layer {here})"
@@ -134,6 +187,57 @@ def violations(source: str, module: str, is_package: bool = False) -> list[str]:
             found.append(f"{module}:{line} imports {target} in the pure-Python {sub} layer")
         elif sub not in HOST_LAYERS and top in ARRAY_LIBRARIES:
             found.append(f"{module}:{line} imports the array library {target} outside backends/")
+    return found
+
+
+def _is_module(name: str) -> bool:
+    """Whether the dotted ``name`` is a module or package of the source tree."""
+    path = ROOT.joinpath(*name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Private names ``source`` takes from other modules: ``from m import _x`` and ``m._x``.
+
+    A private *module* may be imported from inside the package that holds it (``from . import
+    _atomic`` in ``io/gguf/`` reaches ``io/_atomic.py``), never from outside it.
+    """
+    found = []
+    aliases: dict[str, str] = {}  # local name -> the arrayquant module it is bound to
+    tree = ast.parse(source)
+    here_pkg = module if is_package else module.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _resolve(node, module, is_package)
+            if target.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                if _is_module(full):
+                    aliases[alias.asname or alias.name] = full
+                    if _private(alias.name) and not (here_pkg + ".").startswith(target + "."):
+                        found.append(
+                            f"{module}:{node.lineno} imports the private module {full} from outside its package"
+                        )
+                elif _private(alias.name):
+                    found.append(f"{module}:{node.lineno} imports the private name {alias.name} from {target}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _private(node.attr)
+            and not _is_module(f"{aliases[node.value.id]}.{node.attr}")
+        ):
+            found.append(f"{module}:{node.lineno} reads the private name {node.attr} of {aliases[node.value.id]}")
     return found
 
 
@@ -164,15 +268,60 @@ def test_imports_flow_one_way(module: str, path: Path, is_package: bool) -> None
     assert violations(path.read_text(encoding="utf-8"), module, is_package) == []
 
 
+@pytest.mark.parametrize(("module", "path", "is_package"), MODULES, ids=[m for m, _, _ in MODULES])
+def test_no_private_name_crosses_modules(module: str, path: Path, is_package: bool) -> None:
+    assert private_uses(path.read_text(encoding="utf-8"), module, is_package) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("arrayquant.cli.quantize", "from ..io import formats\nformats._BY_NAME\n", "private name _BY_NAME of"),
+        ("arrayquant.cli.quantize", "from ..io.reader import _PLAIN\n", "private name _PLAIN from"),
+        ("arrayquant.cli.quantize", "from ..io import _atomic\n", "private module arrayquant.io._atomic"),
+        ("arrayquant.ops.linalg", "import arrayquant.fused.registry as r\nr._LOCK\n", "private name _LOCK"),
+    ],
+)
+def test_private_checker_catches(module: str, source: str, expected: str) -> None:
+    found = private_uses(source, module)
+    assert len(found) == 1, found
+    assert expected in found[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("arrayquant.io.gguf.writer", "from .. import _atomic, _dtypes\n_atomic.publish\n"),
+        ("arrayquant.io", "from . import _select\n"),
+        ("arrayquant.cli.quantize", "from ..io import formats\nformats.detect\nobj._private\n"),
+        ("arrayquant.quantize", "from .kernels import compute_range as _compute_range\n"),
+    ],
+)
+def test_private_checker_accepts(module: str, source: str) -> None:
+    assert private_uses(source, module, module == "arrayquant.io") == []
+
+
 def test_layers() -> None:
-    assert layer_of("arrayquant") == 5
+    assert layer_of("arrayquant") == API_LAYER
     assert layer_of("arrayquant.errors") == 0
     assert layer_of("arrayquant.scheme.block") == 1
     assert layer_of("arrayquant.invariants") == 2
     assert layer_of("arrayquant.kernels.packing") == 3
     assert layer_of("arrayquant.backends.shim") == 4
-    for api in ["quantize", "dequantize", "storage", "tensor", "chunks", "convert", "cli", "demo", "io"]:
-        assert layer_of(f"arrayquant.{api}") == 5
+    order = ["storage", "tensor", "fused", "lazy", "quantize", "metrics", "ops", "io", "bench", "cli"]
+    assert [layer_of(f"arrayquant.{m}") for m in order] == sorted(layer_of(f"arrayquant.{m}") for m in order)
+    assert layer_of("arrayquant.quantize") == layer_of("arrayquant.dequantize")
+    with pytest.raises(AssertionError, match="has no layer"):
+        layer_of("arrayquant.newthing")
+
+
+def test_the_one_upward_edge_is_tensor_to_ops() -> None:
+    assert violations("from . import ops\n", "arrayquant.tensor") == []
+    assert violations("from .ops import manipulation\n", "arrayquant.tensor") == []
+    found = violations("from . import io\n", "arrayquant.tensor")
+    assert len(found) == 1
+    assert "arrayquant.io" in found[0]
+    assert len(violations("from .ops import matmul\n", "arrayquant.quantize")) == 1
 
 
 # the checker's self-check: it must catch what it is there to catch ------------------------------
@@ -187,13 +336,21 @@ def test_layers() -> None:
             "from ..backends import shim\n",
             "arrayquant.backends (backends, layer 4)",
         ),
-        ("arrayquant.kernels.blocks", False, "from ..quantize import quantize\n", "arrayquant.quantize (api, layer 5)"),
+        (
+            "arrayquant.kernels.blocks",
+            False,
+            "from ..quantize import quantize\n",
+            "arrayquant.quantize (quantize/dequantize, layer 9)",
+        ),
         ("arrayquant.scheme.block", False, "from ..invariants import plan_for\n", "arrayquant.invariants"),
         ("arrayquant.scheme", True, "from ..kernels import absmax\n", "arrayquant.kernels"),
         ("arrayquant.errors", False, "from .scheme import QuantScheme\n", "arrayquant.scheme"),
         ("arrayquant.invariants.plan", False, "from .. import storage\n", "arrayquant.storage"),
         ("arrayquant.invariants.plan", False, "import arrayquant.tensor\n", "arrayquant.tensor"),
         ("arrayquant.backends.shim", False, "from arrayquant.quantize import quantize\n", "arrayquant.quantize"),
+        ("arrayquant.quantize", False, "from .io import load\n", "arrayquant.io (io, layer 12)"),
+        ("arrayquant.io.gguf.writer", False, "from ...cli import main\n", "arrayquant.cli (cli, layer 14)"),
+        ("arrayquant.fused.registry", False, "from ..tensor import QuantizedTensor\nfrom ..lazy import x\n", "lazy"),
         ("arrayquant.kernels.blocks", False, "def f():\n    from ..backends.registry import get\n", "registry"),
         ("arrayquant.kernels.blocks", False, "import numpy as np\n", "array library numpy inside kernels/"),
         ("arrayquant.kernels.blocks", False, "import torch.nn\n", "array library torch.nn inside kernels/"),

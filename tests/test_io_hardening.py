@@ -2,7 +2,7 @@
 
 Hostile files are written byte by byte here (a JSON header and the data), never with arrayquant,
 and each must end in the same typed error whichever reader meets it: :func:`arrayquant.load`,
-the CLI's :class:`arrayquant.cli_commands.Checkpoint` (and a CLI command, which exits 1), and
+the CLI's :class:`arrayquant.io.arrayquant.layout.Checkpoint` (and a CLI command, which exits 1), and
 :func:`arrayquant.io.read_nvfp4`. Expected values come from NumPy or are worked by hand.
 """
 
@@ -23,10 +23,10 @@ import safetensors.numpy
 
 import arrayquant as aq
 from arrayquant.cli import main
-from arrayquant.cli_commands import Checkpoint, Entry
 from arrayquant.io import read_nvfp4
-from arrayquant.io.checkpoint import save_stream
-from arrayquant.io.reader import SafetensorsFile
+from arrayquant.io.arrayquant.checkpoint import save_stream
+from arrayquant.io.arrayquant.layout import Checkpoint
+from arrayquant.io.safetensors.reader import SafetensorsFile
 
 TWO_LEVEL = "q8s:block4:ue4m3:tensor:f32:native"
 # the worked example of the Burn layout: values, two UE4M3 block scales (0.5, 0.125), g = 3
@@ -215,7 +215,7 @@ def test_read_nvfp4_refuses_alike(case: str, tmp_path: Path) -> None:
 
 def test_header_beyond_the_safetensors_limit(tmp_path: Path) -> None:
     """A header over 100 MiB is refused before it is read (the file is sparse: nothing is written)."""
-    from arrayquant.io.reader import HEADER_LIMIT
+    from arrayquant.io.safetensors.reader import HEADER_LIMIT
 
     path = tmp_path / "big.safetensors"
     with path.open("wb") as f:
@@ -315,12 +315,16 @@ def test_rank_beyond_the_core_limit_in_the_metadata(tmp_path: Path) -> None:
             read(path)
 
 
-def test_entry_is_the_readers_entry() -> None:
-    """The CLI's names are the library reader's classes, not a second reader."""
-    from arrayquant.io import reader
-
-    assert Entry is reader.Entry
-    assert Checkpoint is reader.Checkpoint
+def test_one_safetensors_reader() -> None:
+    """Every command and format reads safetensors through the one reader: no second header parser."""
+    root = Path(aq.__file__).resolve().parent
+    owners = {
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "def read_header(" in p.read_text(encoding="utf-8")
+        or "class SafetensorsFile" in p.read_text(encoding="utf-8")
+    }
+    assert owners == {"io/safetensors/reader.py"}
     assert issubclass(Checkpoint, SafetensorsFile)
 
 

@@ -94,7 +94,21 @@ VECTORS = DATA["tests"]
 # Resolving contract functions
 # ------------------------------------------------------------------------------------------------
 
-_MODULES = ("arrayquant.ops.layout", "arrayquant.ops.elementwise", "arrayquant.ops.linalg")
+_MODULES = tuple(
+    f"arrayquant.ops.{name}"
+    for name in (
+        "manipulation",
+        "indexing",
+        "exact",
+        "elementwise",
+        "statistical",
+        "searching",
+        "sorting",
+        "utility",
+        "updates",
+        "linalg",
+    )
+)
 
 
 def op(*names: str) -> Any:

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import arrayquant as aq
+from arrayquant import ops
 from arrayquant.errors import ShapeError
 from arrayquant.invariants.data import MAX_ELEMENTS, MAX_RANK
-from arrayquant.ops import layout
 
 LIMIT = re.escape(f"more than the {MAX_ELEMENTS} any array can hold")
 
@@ -49,17 +49,17 @@ def elements(shape: tuple[int, ...]) -> str:
 GROWING: dict[str, tuple[Callable[[], Any], str]] = {
     # the audit's call: 2**23 elements repeated 2**40 times (NumPy: "negative dimensions are not allowed")
     "repeat 2**40 along an axis": (
-        lambda: layout.repeat(aq.quantize(np.ones(2**23, np.float32), "q8s:native"), 2**40, axis=0),
+        lambda: ops.repeat(aq.quantize(np.ones(2**23, np.float32), "q8s:native"), 2**40, axis=0),
         r"the result of repeat\(qt, 1099511627776, axis=0\) " + elements((2**63,)) + LIMIT + "; use fewer repeats",
     ),
     # NumPy: OverflowError (a count beyond int64)
     "repeat 2**64": (
-        lambda: layout.repeat(small(), 2**64, axis=1),
+        lambda: ops.repeat(small(), 2**64, axis=1),
         r"repeat\(qt, 18446744073709551616, axis=1\) " + elements((4, 64 * 2**64)) + LIMIT,
     ),
     # NumPy: MemoryError for the list of 2**62 references
     "repeat_dim 2**62": (
-        lambda: layout.repeat_dim(small(), 0, 2**62),
+        lambda: ops.repeat_dim(small(), 0, 2**62),
         r"the result of repeat_dim\(qt, 0, 4611686018427387904\) "
         + elements((2**64, 64))
         + LIMIT
@@ -67,39 +67,39 @@ GROWING: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     # NumPy: "iterator is too large"
     "broadcast_to 2**62": (
-        lambda: layout.broadcast_to(small(), (2**62, 4, 64)),
+        lambda: ops.broadcast_to(small(), (2**62, 4, 64)),
         r"the result of broadcast_to " + elements((2**62, 4, 64)) + LIMIT + "; broadcast to a smaller shape",
     ),
     "broadcast_to 2**62 blocked": (
-        lambda: layout.broadcast_to(blocked(), (2**62, 4, 64)),
+        lambda: ops.broadcast_to(blocked(), (2**62, 4, 64)),
         r"the result of broadcast_to " + elements((2**62, 4, 64)) + LIMIT,
     ),
     # NumPy: "Maximum allowed dimension exceeded"
     "broadcast_to 2**64": (
-        lambda: layout.broadcast_to(small(), (2**64, 4, 64)),
+        lambda: ops.broadcast_to(small(), (2**64, 4, 64)),
         elements((2**64, 4, 64)) + LIMIT,
     ),
     # NumPy: MemoryError, 8 EiB
     "take": (
-        lambda: layout.take(huge((2**50, 2**12)), np.zeros(2**13, np.int64), axis=1),
+        lambda: ops.take(huge((2**50, 2**12)), np.zeros(2**13, np.int64), axis=1),
         r"the result of take " + elements((2**50, 2**13)) + LIMIT + "; take fewer indices",
     ),
     # the indices broadcast against the tensor off the axis (NumPy: MemoryError)
     "take_along_axis": (
-        lambda: layout.take_along_axis(huge((2**50, 2**12)), np.zeros((1, 2**13), np.int64), axis=1),
+        lambda: ops.take_along_axis(huge((2**50, 2**12)), np.zeros((1, 2**13), np.int64), axis=1),
         r"the result of take_along_axis " + elements((2**50, 2**13)) + LIMIT + "; take fewer indices",
     ),
     # NumPy: MemoryError or ValueError joining three views of 2**61 elements
     "concat of huge tensors": (
-        lambda: layout.concat([huge(), huge(), huge()]),
+        lambda: ops.concat([huge(), huge(), huge()]),
         r"the result of concat " + elements((3 * 2**61,)) + LIMIT + "; join fewer or smaller tensors",
     ),
     "stack of huge tensors": (
-        lambda: layout.stack([huge(), huge(), huge()]),
+        lambda: ops.stack([huge(), huge(), huge()]),
         r"the result of stack " + elements((3, 2**61)) + LIMIT + "; join fewer or smaller tensors",
     ),
     "repeat of a huge tensor": (
-        lambda: layout.repeat(huge(), 3),
+        lambda: ops.repeat(huge(), 3),
         r"repeat\(qt, 3, axis=None\) " + elements((3 * 2**61,)) + LIMIT,
     ),
 }
@@ -115,30 +115,30 @@ def test_results_past_the_element_limit_are_refused(case: str) -> None:
 def test_repeat_of_the_flattened_tensor_past_the_limit_is_refused() -> None:
     """``np.repeat`` of a flattened tensor with 2**62 repeats overflowed int64 and crashed the process."""
     with pytest.raises(ShapeError, match=r"repeat\(qt, 4611686018427387904, axis=None\) " + elements((2**70,))):
-        layout.repeat(small(), 2**62)
+        ops.repeat(small(), 2**62)
 
 
 def test_is_exact_refuses_what_the_operation_refuses() -> None:
     with pytest.raises(ShapeError, match=r"the result of repeat_dim\(qt, 1, 4611686018427387904\) \["):
-        layout.is_exact("repeat_dim", small(), 1, 2**62)
+        ops.is_exact("repeat_dim", small(), 1, 2**62)
     with pytest.raises(ShapeError, match=r"the result of broadcast_to \[4611686018427387904, 4, 64\]"):
-        layout.is_exact("broadcast_to", small(), (2**62, 4, 64))
+        ops.is_exact("broadcast_to", small(), (2**62, 4, 64))
 
 
 # within the element limit but beyond any memory (each 2**47 bytes or more: past the address space)
 UNALLOCATABLE: dict[str, tuple[Callable[[], Any], str]] = {
-    "repeat": (lambda: layout.repeat(small(), 2**40, axis=0), r"the result of repeat\(qt, 1099511627776, axis=0\)"),
-    "repeat_dim": (lambda: layout.repeat_dim(small(), 0, 2**40), r"the result of repeat_dim\(qt, 0, 1099511627776\)"),
+    "repeat": (lambda: ops.repeat(small(), 2**40, axis=0), r"the result of repeat\(qt, 1099511627776, axis=0\)"),
+    "repeat_dim": (lambda: ops.repeat_dim(small(), 0, 2**40), r"the result of repeat_dim\(qt, 0, 1099511627776\)"),
     "broadcast_to": (
-        lambda: layout.broadcast_to(small(), (2**40, 4, 64)),
+        lambda: ops.broadcast_to(small(), (2**40, 4, 64)),
         r"the result of broadcast_to\(qt, \(1099511627776, 4, 64\)\)",
     ),
     "repeat, requantized": (
-        lambda: layout.repeat(blocked(), 2**40, axis=1),  # a blocked axis: through the floats
+        lambda: ops.repeat(blocked(), 2**40, axis=1),  # a blocked axis: through the floats
         r"the result of repeat\(qt, 1099511627776, axis=1\)",
     ),
-    "concat": (lambda: layout.concat([huge((2**46,))] * 2), r"the result of concat"),
-    "stack": (lambda: layout.stack([huge((2**46,))] * 2), r"the result of stack"),
+    "concat": (lambda: ops.concat([huge((2**46,))] * 2), r"the result of concat"),
+    "stack": (lambda: ops.stack([huge((2**46,))] * 2), r"the result of stack"),
 }
 
 
@@ -151,30 +151,30 @@ def test_results_beyond_memory_are_typed(case: str) -> None:
 
 
 def test_is_exact_allocates_nothing() -> None:
-    assert layout.is_exact("repeat", small(), 2**40, 0) is True
-    assert layout.is_exact("broadcast_to", blocked(), (2**40, 4, 64)) is True
+    assert ops.is_exact("repeat", small(), 2**40, 0) is True
+    assert ops.is_exact("broadcast_to", blocked(), (2**40, 4, 64)) is True
 
 
 RANKS: dict[str, tuple[Callable[[], Any], str]] = {
     "broadcast_to": (
-        lambda: layout.broadcast_to(small(), (1,) * 38 + (4, 64)),
+        lambda: ops.broadcast_to(small(), (1,) * 38 + (4, 64)),
         rf"the result of broadcast_to has 40 axes; quantized tensors have at most {MAX_RANK}",
     ),
     "expand_dims": (
-        lambda: layout.expand_dims(aq.quantize(np.ones((1,) * MAX_RANK, np.float32), "q8s"), 0),
+        lambda: ops.expand_dims(aq.quantize(np.ones((1,) * MAX_RANK, np.float32), "q8s"), 0),
         rf"the result of expand_dims has 33 axes; quantized tensors have at most {MAX_RANK}",
     ),
     "stack": (
-        lambda: layout.stack([aq.quantize(np.ones((1,) * MAX_RANK, np.float32), "q8s")] * 2),
+        lambda: ops.stack([aq.quantize(np.ones((1,) * MAX_RANK, np.float32), "q8s")] * 2),
         r"the result of stack has 33 axes",
     ),
     "getitem": (
-        lambda: layout.getitem(aq.quantize(np.ones((1,) * MAX_RANK, np.float32), "q8s"), None),
+        lambda: ops.getitem(aq.quantize(np.ones((1,) * MAX_RANK, np.float32), "q8s"), None),
         r"qt\[None\] has 33 axes",
     ),
     # NumPy: "maximum supported dimension for an ndarray is currently 64, found 70"
     "reshape": (
-        lambda: layout.reshape(small(), (1,) * 69 + (256,)),
+        lambda: ops.reshape(small(), (1,) * 69 + (256,)),
         r"the result of reshape has 70 axes; .*; reshape to fewer axes",
     ),
 }
@@ -189,10 +189,10 @@ def test_results_past_the_rank_limit_are_refused(case: str) -> None:
 
 
 COUNTS: list[tuple[Callable[[Any], Any], str]] = [
-    (lambda n: layout.repeat(small(), n, axis=0), "repeats"),
-    (lambda n: layout.repeat_dim(small(), 0, n), "times"),
-    (lambda n: layout.broadcast_to(small(), (n, 4, 64)), "shape entry"),
-    (lambda n: layout.chunk(small(), n), "chunks"),
+    (lambda n: ops.repeat(small(), n, axis=0), "repeats"),
+    (lambda n: ops.repeat_dim(small(), 0, n), "times"),
+    (lambda n: ops.broadcast_to(small(), (n, 4, 64)), "shape entry"),
+    (lambda n: ops.chunk(small(), n), "chunks"),
 ]
 
 
@@ -207,28 +207,28 @@ def test_counts_that_are_not_integers_are_typed(op: int, count: Any) -> None:
 @pytest.mark.parametrize("count", [0, -1, -(2**70)])
 def test_counts_below_one_are_typed(count: int) -> None:
     with pytest.raises(ShapeError, match=rf"repeats must be >= 1, got {count}"):
-        layout.repeat(small(), count, axis=0)
+        ops.repeat(small(), count, axis=0)
     with pytest.raises(ShapeError, match=rf"times must be >= 1, got {count}"):
-        layout.repeat_dim(small(), 0, count)
+        ops.repeat_dim(small(), 0, count)
     with pytest.raises(ShapeError, match=r"new axis 0 needs an extent >= 1"):
-        layout.broadcast_to(small(), (count, 4, 64))
+        ops.broadcast_to(small(), (count, 4, 64))
 
 
 def test_numpy_integer_counts_still_work() -> None:
     qt = small()
-    assert layout.repeat(qt, np.int64(2), axis=0).shape == (8, 64)
-    assert layout.repeat_dim(qt, 1, np.uint8(3)).shape == (4, 192)
-    assert layout.broadcast_to(qt, (np.int32(2), 4, 64)).shape == (2, 4, 64)
+    assert ops.repeat(qt, np.int64(2), axis=0).shape == (8, 64)
+    assert ops.repeat_dim(qt, 1, np.uint8(3)).shape == (4, 192)
+    assert ops.broadcast_to(qt, (np.int32(2), 4, 64)).shape == (2, 4, 64)
 
 
 def test_repeat_dim_builds_no_list_of_copies() -> None:
     """``repeat_dim`` tiles in one call: it used to build a list of ``times`` references (8 bytes each)."""
     qt = aq.quantize(np.array([1.0], np.float32), "q8s:native")
     times = 2**21
-    layout.repeat_dim(qt, 0, 2)  # imports and caches
+    ops.repeat_dim(qt, 0, 2)  # imports and caches
     tracemalloc.start()
     try:
-        out = layout.repeat_dim(qt, 0, times)
+        out = ops.repeat_dim(qt, 0, times)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -241,7 +241,6 @@ def test_repeat_dim_builds_no_list_of_copies() -> None:
 # A fuzz run over ``arrayquant.ops`` found these answered with raw exceptions, NumPy warnings or a
 # silently different result; each case names what it raised before. Accepted variants are checked
 # against NumPy on the dequantized values.
-from arrayquant import ops  # noqa: E402
 from arrayquant.errors import DTypeError, ParamsError  # noqa: E402
 from arrayquant.ops import _common  # noqa: E402
 
@@ -470,11 +469,11 @@ def huge_indices(shape: tuple[int, ...], dtype: Any = np.int64) -> np.ndarray:
 # converted copy (2**47 bytes, past the address space) is refused before anything reads them
 INDEXED: dict[str, tuple[Callable[[], Any], str]] = {
     "take": (
-        lambda: layout.take(fuzzed(), huge_indices((2**44,)), axis=1),
+        lambda: ops.take(fuzzed(), huge_indices((2**44,)), axis=1),
         re.escape(f"take with indices of shape {[2**44]} could not be allocated ("),
     ),
     "take_along_axis": (
-        lambda: layout.take_along_axis(fuzzed("q8s:native"), huge_indices((4, 2**44)), axis=1),
+        lambda: ops.take_along_axis(fuzzed("q8s:native"), huge_indices((4, 2**44)), axis=1),
         re.escape(f"take_along_axis with indices of shape {[4, 2**44]} could not be allocated ("),
     ),
     "scatter_add": (
@@ -487,7 +486,7 @@ INDEXED: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     # more indices than any array can hold (int8, so the view itself exists): refused unread
     "take past the limit": (
-        lambda: layout.take(fuzzed(), huge_indices((2**62 + 1,), np.int8), axis=1),
+        lambda: ops.take(fuzzed(), huge_indices((2**62 + 1,), np.int8), axis=1),
         r"take indices " + elements((2**62 + 1,)) + LIMIT + "; pass fewer indices",
     ),
 }
@@ -505,7 +504,7 @@ def test_positions_builds_no_mask_over_the_indices() -> None:
     qt = fuzzed()
     n = 2**20
     idx = np.arange(n, dtype=np.int64) % 64
-    layout.take(qt, idx[:8], axis=1)  # imports and caches
+    ops.take(qt, idx[:8], axis=1)  # imports and caches
     tracemalloc.start()
     try:
         out = _common.positions(qt, idx, 64, "take")
@@ -530,12 +529,12 @@ def test_positions_builds_no_mask_over_the_indices() -> None:
 
 def test_one_hot_sums_beyond_memory_are_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     """``scatter_add``/``index_add`` compare every value with every position; that mask's refusal is typed."""
-    from arrayquant.ops import elementwise
+    from arrayquant.ops import updates
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError("Unable to allocate 1.00 PiB")
 
-    monkeypatch.setattr(elementwise, "_one_hot_sum", refuse)
+    monkeypatch.setattr(updates, "_one_hot_sum", refuse)
     qt = fuzzed()
     with pytest.raises(
         ShapeError, match=r"index_add's one-hot comparison \[4, 2, 64\] could not be allocated \(Unable"

@@ -630,10 +630,11 @@ def test_error_ternary_needs_2d_weight(np_xp):
 
 def test_bench_matmul_rows(np_xp):
     from arrayquant import bench
+    from arrayquant.bench import cases, harness
 
     host_ = np.zeros((64, 64), dtype=F32)
-    b = bench.Bench(host_, host_, "numpy", 1, bench._no_sync, False)
-    bench._matmul_cases(b, lambda _: None)
+    b = bench.Bench(host_, host_, "numpy", 1, harness.no_sync, False)
+    cases.matmul_cases(b, lambda _: None)
     rows = {r.case: r for r in b.results}
     assert not b.unavailable
     for w in ("q8s", "q8s:block64", "q4s", "q2s"):
@@ -646,8 +647,8 @@ def test_bench_matmul_rows(np_xp):
     assert rows["q2s @ x reference"].weight_mib == pytest.approx((64 * 64 // 4 + 4) / 2**20)
     text = bench.report({"backend": "numpy", "device": "cpu", "threads": "one"}, 64, 1, b.results, {})
     assert "-- matmul: 64x64 weight, 64x64 f32 input" in text
-    other = bench.Bench(host_, host_, "torch", 1, bench._no_sync, False)
-    bench._matmul_cases(other, lambda _: None)
+    other = bench.Bench(host_, host_, "torch", 1, harness.no_sync, False)
+    cases.matmul_cases(other, lambda _: None)
     assert other.unavailable == {"matmul": "matmul rows run with --backend numpy only, not torch"}
 
 

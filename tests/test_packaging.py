@@ -27,7 +27,7 @@ def test_version_has_one_source() -> None:
     project = _pyproject()
     assert "version" not in project["project"]  # no second copy to fall out of step
     assert "version" in project["project"]["dynamic"]
-    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "arrayquant.__version__"}
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "arrayquant._version.__version__"}
     assert isinstance(aq.__version__, str)
     assert aq.__version__.count(".") >= 2
 

@@ -39,7 +39,7 @@ nitpick_ignore = [
     # names in docstrings of src/arrayquant/io/ (edited elsewhere) that the reference leaves out:
     ("py:func", "detect"),  # io/formats.py, load
     ("py:func", "arrayquant.io.checkpoint.save"),  # io/formats.py, save
-    ("py:mod", "arrayquant.io.fused_shards"),  # io/ct_model.py, quantize_model
+    ("py:mod", "arrayquant.io.compressed_tensors.fused_shards"),  # io/compressed_tensors/requantize.py, quantize_model
 ]
 
 

@@ -10,7 +10,8 @@
 True
 """
 
-from . import backends, errors, ops
+from . import backends, errors, io, ops
+from ._version import __version__
 from .convert import asarray
 from .dequantize import dequantize
 from .errors import (
@@ -29,8 +30,8 @@ from .errors import (
 )
 from .fused import fused_kernels
 from .gptq import GPTQResult, gptq_quantize, gptq_solve
-from .io import from_bytes, load, save, to_bytes
-from .io.ct_model import ModelSummary, quantize_model
+from .io import DequantizeSummary, QuantizeSummary, dequantize_file, from_bytes, load, quantize_file, save, to_bytes
+from .io.compressed_tensors.requantize import quantize_model
 from .metrics import ErrorMeter, ErrorReport, error_report, sqnr
 from .ops import matmul
 from .quantize import compute_q_params, compute_range, quantize, round_up_scales
@@ -49,7 +50,7 @@ from .scheme.values import MSE, Percentile
 from .storage import pack, quantized_nbytes, unpack
 from .tensor import QuantizedTensor
 
-__version__ = "0.1.0"  #: The package version; the one version source: pyproject.toml reads it (tool.setuptools.dynamic)
+ModelSummary = QuantizeSummary  # what quantize_model returned before every format shared one summary
 
 
 def __dir__() -> list[str]:
@@ -65,6 +66,7 @@ __all__ = [
     "Calibration",
     "CorruptDataError",
     "DTypeError",
+    "DequantizeSummary",
     "DeviceError",
     "ErrorMeter",
     "ErrorReport",
@@ -81,6 +83,7 @@ __all__ = [
     "QuantStore",
     "QuantValue",
     "QuantizationError",
+    "QuantizeSummary",
     "QuantizedTensor",
     "ScaleDtype",
     "SchemeError",
@@ -92,17 +95,20 @@ __all__ = [
     "compute_q_params",
     "compute_range",
     "dequantize",
+    "dequantize_file",
     "error_report",
     "errors",
     "from_bytes",
     "fused_kernels",
     "gptq_quantize",
     "gptq_solve",
+    "io",
     "load",
     "matmul",
     "ops",
     "pack",
     "quantize",
+    "quantize_file",
     "quantize_model",
     "quantized_nbytes",
     "round_up_scales",

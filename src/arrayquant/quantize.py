@@ -415,29 +415,13 @@ def _fused_mse(x: Any, plan: Plan, spec: CalSpec, imp: Any, rounding: str) -> tu
     """Codes, stored scales and global (None for one level) of an MSE search from a fused (Numba) kernel, or None.
 
     The kernels repeat the portable search's f32 steps in the same order, so the bits are the same
-    (tests/test_fused_search.py, tests/test_fused_float_search.py, tests/test_fused_block2d_search.py
-    compare them); ``ARRAYQUANT_FUSED=0`` turns them off.
+    (tests/test_fused_search.py, tests/test_fused_float_search.py, tests/test_fused_tensor_search.py,
+    tests/test_fused_block2d_search.py compare them); ``ARRAYQUANT_FUSED=0`` turns them off.
     """
-    from . import fused
+    from .fused import registry
 
-    if not fused.available():
-        return None
-    from .fused import numba_tensor_search
-
-    if numba_tensor_search.supports(plan, tuple(int(n) for n in x.shape)):  # per-tensor integer schemes
-        return numba_tensor_search.mse_tensor_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
-    if plan.value.is_float:
-        from .fused.numba_float_search import mse_float_codes_and_scales
-
-        return mse_float_codes_and_scales(x, plan, spec.factors, spec.norm, imp)
-    from .fused import numba_block2d_search as block2d
-
-    if block2d.supports(plan, tuple(int(n) for n in x.shape)):  # 2-D blocks on 2-D data
-        return block2d.mse_block2d_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
-    from .fused.numba_search import mse_codes_and_scales
-
-    hit = mse_codes_and_scales(x, plan, spec.factors, spec.norm, imp, rounding=rounding)
-    return None if hit is None else (hit[0], hit[1], None)
+    kernel = registry.mse_kernel(x, plan, tuple(int(n) for n in x.shape))
+    return None if kernel is None else kernel(x, plan, spec.factors, spec.norm, imp, rounding)
 
 
 def _fused_minmax(

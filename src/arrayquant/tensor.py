@@ -1,8 +1,14 @@
-"""The quantized tensor: stored values, stored scales and the scheme that explains them."""
+"""The quantized tensor: stored values, stored scales and the scheme that explains them.
+
+Import edge: ``arrayquant.tensor`` -> ``arrayquant.ops``, the one place this module reaches up, and
+only at call time, through :func:`_ops`. ``ops`` imports this module (``QuantizedTensor``); the
+operator methods (``qt.T``, ``qt[...]``, ``@``, ``+``, ...) dispatch to ``ops`` when called.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 import array_api_compat as compat
@@ -12,6 +18,17 @@ from .scheme import QuantScheme
 from .storage import quantized_nbytes, unpack
 
 __all__ = ["QuantizedTensor", "dtype_name"]
+
+
+def _ops() -> ModuleType:
+    """``arrayquant.ops``, imported when a method first needs it.
+
+    The one import edge from tensor up to ops (named at the top of this module): ops imports
+    tensor, so the methods fetch ops at call time rather than at import time.
+    """
+    from . import ops
+
+    return ops
 
 
 def dtype_name(dtype: Any) -> str:
@@ -83,94 +100,60 @@ class QuantizedTensor:
     @property
     def T(self) -> QuantizedTensor:
         """The axes reversed (as NumPy's ``.T``), codes and scales moved, never requantized."""
-        from .ops import layout
-
-        return layout.permute_dims(self, tuple(range(self.ndim))[::-1])
+        return _ops().permute_dims(self, tuple(range(self.ndim))[::-1])
 
     @property
     def mT(self) -> QuantizedTensor:
         """The last two axes swapped (``matrix_transpose``)."""
-        from .ops import layout
-
-        return layout.matrix_transpose(self)
+        return _ops().matrix_transpose(self)
 
     def reshape(self, *shape: Any) -> QuantizedTensor:
         """The same data in ``shape`` (``qt.reshape(2, -1)`` or ``qt.reshape((2, -1))``); see ``aq.ops.reshape``."""
-        from .ops import layout
-
         target = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
-        return layout.reshape(self, tuple(target))
+        return _ops().reshape(self, tuple(target))
 
     def __getitem__(self, key: Any) -> QuantizedTensor:
-        from .ops import layout
-
-        return layout.getitem(self, key)
+        return _ops().getitem(self, key)
 
     def __matmul__(self, other: Any) -> Any:
-        from .ops import linalg
-
-        return linalg.matmul(self, other)
+        return _ops().matmul(self, other)
 
     def __rmatmul__(self, other: Any) -> Any:
-        from .ops import linalg
-
-        return linalg.matmul(other, self)
+        return _ops().matmul(other, self)
 
     # arithmetic as aq.ops does it: floats back (Burn's default propagation, "inhibit")
     def __add__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.add(self, other)
+        return _ops().add(self, other)
 
     def __radd__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.add(other, self)
+        return _ops().add(other, self)
 
     def __sub__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.subtract(self, other)
+        return _ops().subtract(self, other)
 
     def __rsub__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.subtract(other, self)
+        return _ops().subtract(other, self)
 
     def __mul__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.multiply(self, other)
+        return _ops().multiply(self, other)
 
     def __rmul__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.multiply(other, self)
+        return _ops().multiply(other, self)
 
     def __truediv__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.divide(self, other)
+        return _ops().divide(self, other)
 
     def __rtruediv__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.divide(other, self)
+        return _ops().divide(other, self)
 
     def __pow__(self, other: Any) -> Any:
-        from .ops import elementwise
-
-        return elementwise.pow(self, other)
+        return _ops().pow(self, other)
 
     def __neg__(self) -> Any:
-        from .ops import elementwise
-
-        return elementwise.negative(self)
+        return _ops().negative(self)
 
     def __abs__(self) -> QuantizedTensor:
-        from .ops import elementwise
-
-        return elementwise.abs(self)
+        return _ops().abs(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         # why: without this NumPy silently wraps the tensor in a 0-d object array

@@ -6,13 +6,13 @@ for bit; until then the portable path serves CuPy arrays unless ``ARRAYQUANT_FUS
 
 The same f32 operations in the same order as the portable path (``kernels/qparams.py``,
 ``roundup.py``, ``integer.py``, ``floating.py``, ``minifloat.py``, packing by ``storage.py``) and
-as the Numba kernels (``numba_search._round_up`` and ``_code``, ``numba_float_search._magnitude``):
+as the Numba kernels (``numba_search_kernels._grid_up``, ``_code`` and ``_magnitude``):
 
 * pass 1 (``aq_absmax``): per block (or row, per tensor) ``max|x|``, flagging NaN/inf (then the
   caller runs the portable path, which reports where); per tensor the row maxima are reduced by
   ``cupy.max`` (a maximum is exact in any order); two-level: ``aq_global`` forms the global;
 * ``aq_scales``: the scale rule (``alpha / (span / 2)``, OCP, or normalised by the global) and the
-  table round-up onto the scale dtype (the tables of ``roundup._pow2_tables`` passed as arguments);
+  table round-up onto the scale dtype (the tables of ``roundup.pow2_tables`` passed as arguments);
 * pass 2 (``aq_encode_*``): one thread per stored word (or byte): the effective scale, the code of
   each field and the packed word, written once; ``aq_decode_*`` the reverse.
 
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..invariants import Plan
-from ..kernels.minifloat import _E2M1_STEPS, FORMATS, decode_table
-from ..kernels.roundup import _pow2_tables
+from ..kernels.minifloat import E2M1_STEPS, FORMATS, decode_table
+from ..kernels.roundup import pow2_tables
 from ..scheme import F32_MAX, F32_TINY, QuantValue, ScaleDtype
 from ..storage import values_layout
 from .coverage import layout_reason
@@ -59,8 +59,8 @@ _DEVICE = r"""
 #define AQ_INF __int_as_float(0x7f800000)
 #define AQ_F32_MAX 3.4028234663852886e38f
 
-// roundup.py round_up_scales of one f32 scale (numba_search._round_up)
-// t = [max, floor, is-f32 | thr(n) | up_a(n+1) | up_b(n+1) | inv_a(n+1) | inv_b(n+1)] of roundup._pow2_tables
+// roundup.py round_up_scales of one f32 scale (numba_search_kernels._grid_up)
+// t = [max, floor, is-f32 | thr(n) | up_a(n+1) | up_b(n+1) | inv_a(n+1) | inv_b(n+1)] of roundup.pow2_tables
 __device__ float aq_round_up(float s, const float* t, int n) {
     if (t[2] != 0.0f) return __fadd_rn(s, 0.0f);                // F32: s + 0.0 (-0.0 -> +0.0)
     const float* thr = t + 3;
@@ -83,14 +83,14 @@ __device__ float aq_round_up(float s, const float* t, int n) {
     return __fadd_rn(r, 0.0f);                                    // r + 0.0 (-0.0 -> +0.0)
 }
 
-// qparams.py effective_scale (numba_float_search: min(glob * s, F32_MAX))
+// qparams.py effective_scale (numba_search_kernels._scale: min(glob * s, F32_MAX))
 __device__ float aq_effective(float s, const float* glob, int two_level) {
     if (!two_level) return s;
     float e = __fmul_rn(glob[0], s);                              // glob * stored
     return e < AQ_F32_MAX ? e : AQ_F32_MAX;                       // xp.minimum(eff, F32_MAX)
 }
 
-// integer.py quantize_int of one x (numba_search._code): clip(round(x / eff), qmin, qmax)
+// integer.py quantize_int of one x (numba_search_kernels._code): clip(round(x / eff), qmin, qmax)
 __device__ int aq_int_code(float x, float eff, float qmin, float qmax, int half_even) {
     float div = eff == 0.0f ? AQ_INF : eff;                       // safe_divisor: zero scale -> inf
     float y = __fdiv_rn(x, div);                                  // xp.divide(x, eff)
@@ -106,7 +106,7 @@ __device__ int aq_int_code(float x, float eff, float qmin, float qmax, int half_
     return (int)r;                                                // xp.astype(r, int8)
 }
 
-// minifloat.py encode of one f32 y (numba_float_search._magnitude, then the sign)
+// minifloat.py encode of one f32 y (numba_search_kernels._magnitude, then the sign)
 __device__ unsigned int aq_minifloat(float y, int e2m1, const float* thr, const int* incl, const float* bthr, int nbthr,
                                      const float* bscale, float fmax, int step, int nan_code, int sign_shift) {
     bool nan = isnan(y);                                          // xp.isnan(y)
@@ -287,12 +287,12 @@ def _launch(name: str, n: int, *args: Any) -> None:
 
 @functools.cache
 def _round_up_table(dtype: ScaleDtype) -> tuple[np.ndarray, int]:
-    """``[max, floor, is-f32 | thresholds | up_a | up_b | inv_a | inv_b]`` of ``roundup._pow2_tables``, and n."""
+    """``[max, floor, is-f32 | thresholds | up_a | up_b | inv_a | inv_b]`` of ``roundup.pow2_tables``, and n."""
     g = dtype.grid
     lim = [g.max, g.floor, 1.0 if dtype is ScaleDtype.F32 else 0.0]
     if dtype is ScaleDtype.F32:
         return np.asarray(lim, dtype=np.float32), 0
-    thr, up_a, up_b, inv_a, inv_b = _pow2_tables(dtype)
+    thr, up_a, up_b, inv_a, inv_b = pow2_tables(dtype)
     return np.asarray([*lim, *thr, *up_a, *up_b, *inv_a, *inv_b], dtype=np.float32), len(thr)
 
 
@@ -300,8 +300,8 @@ def _minifloat_args(value: QuantValue) -> tuple[Any, ...]:
     """``(thr, incl, bthr, nbthr, bscale, fmax, step, nan_code, sign_shift)`` of ``minifloat.encode``."""
     cp = _cupy()
     f32 = np.float32
-    thr = cp.asarray([t for t, _ in _E2M1_STEPS], dtype=f32)
-    incl = cp.asarray([1 if inclusive else 0 for _, inclusive in _E2M1_STEPS], dtype=np.int32)
+    thr = cp.asarray([t for t, _ in E2M1_STEPS], dtype=f32)
+    incl = cp.asarray([1 if inclusive else 0 for _, inclusive in E2M1_STEPS], dtype=np.int32)
     if value not in FORMATS:  # integer values: the arguments are not read
         one = cp.zeros(1, dtype=f32)
         return thr, incl, one, np.int32(0), one, f32(0), np.int32(0), np.int32(-1), np.int32(0)

@@ -29,7 +29,7 @@ from ..kernels.minifloat import FORMATS, decode_table
 from ..scheme import QuantValue
 from ..storage import values_layout
 from .coverage import layout_reason
-from .numba_search import launch, numba
+from .numba_launch import launch, numba
 
 __all__ = ["decode_minifloat", "dequantize", "supports"]
 

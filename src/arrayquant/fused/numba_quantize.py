@@ -39,7 +39,7 @@ from ..kernels.minifloat import FORMATS
 from ..scheme import F32_MAX, F32_TINY, QuantValue, ScaleDtype
 from ..storage import values_layout
 from .coverage import layout_reason
-from .numba_search import _LAUNCH, launch, numba
+from .numba_launch import LOCK, launch, numba
 
 __all__ = ["absmax", "encode", "encode_minifloat", "quantize", "quantize_under", "round_up", "supports"]
 
@@ -114,8 +114,9 @@ if numba is not None:
         The steps of ``kernels/roundup.py``'s ``round_up_scales`` with its tables computed instead
         of read (the same exact powers of two): the binade ``j``, the count of ``2^(emin+1) ..
         2^emax`` not above ``a``, comes from ``a``'s exponent field (0 for negative ``a``, whose
-        signed pattern is negative). Scalar arguments only: numba's ``numba_search._round_up`` takes
-        six table arrays, and their reference counting per call costs more than a block's encoding.
+        signed pattern is negative). Scalar arguments only: the search's table round-up
+        (``numba_search_kernels._grid_up``) takes a table array, and reference counting it per call
+        costs more than a block's encoding.
         """
         gmax, gfloor, emin, jmax, mbits, is_f32 = grid
         zero = np.float32(0.0)
@@ -124,7 +125,7 @@ if numba is not None:
         a = min(s, gmax)
         j = min(max((_ibits(a) >> np.int32(23)) - np.int32(127 + emin), np.int32(0)), np.int32(jmax))
         k = mbits - emin - j
-        ka = -((-k) // 2)  # split in two factors so that each is a normal f32 (as _pow2_tables does)
+        ka = -((-k) // 2)  # split in two factors so that each is a normal f32 (as pow2_tables does)
         kb = k // 2
         n = np.float32(np.ceil((a * _pow2(ka)) * _pow2(kb)))
         r = (n * _pow2(-ka)) * _pow2(-kb)
@@ -594,7 +595,7 @@ def encode_minifloat(y: np.ndarray, value: QuantValue) -> np.ndarray:
     out = np.empty(flat.shape[0], dtype=np.uint8)
     from .threads import apply
 
-    with _LAUNCH:
+    with LOCK:
         apply(flat.size)
         _encode_flat(
             flat,
@@ -629,7 +630,7 @@ def round_up(s: np.ndarray, dtype: ScaleDtype) -> np.ndarray:
     out = np.empty_like(flat)
     from .threads import apply
 
-    with _LAUNCH:
+    with LOCK:
         apply(flat.size)
         _round_up_flat(flat, _grid(dtype), out)
     return out.reshape(np.shape(s))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .numba_search import launch, numba
+from .numba_launch import launch, numba
 
 __all__ = ["supports", "ternary_matmul"]
 

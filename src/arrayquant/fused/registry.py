@@ -11,7 +11,7 @@ quantize    MinMax, dynamic scales: :mod:`.numba_quantize`      :mod:`.cupy_kern
 encode      given stored scales: :mod:`.numba_quantize`         -
 chunks      two-level, a chunk at a time: :mod:`.numba_quantize` -
 dequantize  :mod:`.numba_dequantize`                            :mod:`.cupy_kernels` (unverified)
-mse         the MSE search kernels (``numba_*search``)          -
+mse         MSE calibration search: :mod:`.numba_search`        -
 =========== =================================================== ==================================
 """
 
@@ -27,13 +27,14 @@ import numpy as np
 from ..invariants import Plan
 from . import available, gpu_available, gpu_why_not, why_not
 
-__all__ = ["chunk_kernels", "dequantize_kernel", "describe", "encode_kernel", "quantize_kernel"]
+__all__ = ["chunk_kernels", "dequantize_kernel", "describe", "encode_kernel", "mse_kernel", "quantize_kernel"]
 
 _CPU_MODULES = {
     "quantize": "numba_quantize",
     "encode": "numba_quantize",
     "chunks": "numba_quantize",
     "dequantize": "numba_dequantize",
+    "mse": "numba_search",
 }
 
 
@@ -97,6 +98,17 @@ def dequantize_kernel(values: Any, plan: Plan, shape: tuple[int, ...]) -> Callab
     else:
         mod = None
     return None if mod is None else mod.dequantize
+
+
+def mse_kernel(x: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[..., Any] | None:
+    """``fn(x, plan, factors, norm, importance, rounding) -> (codes, scales, global) | None``, or None.
+
+    The MSE calibration search of ``x`` (float32 or float16) under ``plan``.
+    """
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float16):
+        return None
+    mod = _cpu("mse", plan, shape)
+    return None if mod is None else mod.mse
 
 
 def describe() -> list[tuple[str, str]]:

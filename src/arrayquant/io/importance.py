@@ -65,7 +65,7 @@ import numpy as np
 from ..errors import CorruptDataError, DTypeError, NonFiniteInputError, ParamsError, ShapeError
 from . import _dtypes
 
-__all__ = ["check_importance", "load_importance", "search_arguments"]
+__all__ = ["check_importance", "load_importance"]
 
 _FLOATS = _dtypes.SAFETENSORS_FLOATS
 _SUM2, _COUNTS = ".in_sum2", ".counts"
@@ -109,7 +109,7 @@ def load_importance(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def _from_safetensors(path: Path) -> dict[str, np.ndarray]:
-    from .reader import SafetensorsFile
+    from .safetensors.reader import SafetensorsFile
 
     try:
         opened = SafetensorsFile(path)
@@ -136,9 +136,9 @@ def _from_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def _from_gguf(path: Path) -> dict[str, np.ndarray]:
-    from .gguf import _opened, iter_tensors
+    from .gguf import iter_tensors, open_gguf
 
-    with _opened(path) as f:
+    with open_gguf(path) as f:
         types = {t.name: t.type_name for t in f.tensors}
     for name, type_name in types.items():
         if name.endswith((_SUM2, _COUNTS)) and type_name != "F32":
@@ -252,15 +252,3 @@ def check_importance(
                 f"it needs one per input column, {shape[-1] if shape else 'none for a scalar'}"
             )
             raise ShapeError(msg)
-
-
-def search_arguments(calibration: Any, importance: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
-    """``quantize``'s calibration keywords for tensor ``name``: its importance vector where it has one.
-
-    >>> search_arguments("mse", {"w": [1.0]}, "w"), search_arguments("mse", {"w": [1.0]}, "b")
-    ({'calibration': 'mse', 'importance': [1.0]}, {'calibration': 'mse'})
-    """
-    out: dict[str, Any] = {"calibration": calibration}
-    if importance is not None and name in importance:
-        out["importance"] = importance[name]
-    return out

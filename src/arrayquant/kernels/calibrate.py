@@ -10,7 +10,7 @@ from array_api_compat import device as device_of
 from ..scheme import Calibration
 from .blocks import as_blocks, block_reduce, pad_to_blocks
 
-__all__ = ["absmax", "compute_range", "finite_abs"]
+__all__ = ["absmax", "compute_range", "finite_abs", "pairwise_sum"]
 
 
 def finite_abs(x: Any, *, xp: Any) -> Any:
@@ -39,7 +39,7 @@ def _minmax(x: Any, dims: tuple[int, ...], *, xp: Any) -> tuple[Any, Any]:
     return block_reduce(v, xp.minimum, xp=xp), block_reduce(v, xp.maximum, xp=xp)
 
 
-def _pairwise_sum(v: Any, *, xp: Any) -> Any:
+def pairwise_sum(v: Any, *, xp: Any) -> Any:
     """Sum the last axis with a fixed tree: zero-pad to a power of two, add halves."""
     n = v.shape[-1]
     width = 1 << max(n - 1, 0).bit_length()
@@ -61,11 +61,11 @@ def _mean_of_rows(v: Any, count: Any, *, xp: Any) -> Any:
     the tree gives with an unbounded exponent (tiny values that the scaling makes subnormal
     aside). Elsewhere the plain tree's bits are kept.
     """
-    total = _pairwise_sum(v, xp=xp)
+    total = pairwise_sum(v, xp=xp)
     k = max(v.shape[-1] - 1, 1).bit_length()
     dev = device_of(v)
     down = xp.asarray(2.0**-k, dtype=xp.float32, device=dev)
-    scaled = _pairwise_sum(xp.multiply(v, down), xp=xp)
+    scaled = pairwise_sum(xp.multiply(v, down), xp=xp)
     wide = xp.multiply(xp.divide(scaled, count), xp.asarray(2.0**k, dtype=xp.float32, device=dev))
     return xp.where(xp.isinf(total), wide, xp.divide(total, count))
 

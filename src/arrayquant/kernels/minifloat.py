@@ -17,7 +17,7 @@ from array_api_compat import device as device_of
 
 from ..scheme import QuantValue
 
-__all__ = ["FORMATS", "MinifloatFormat", "decode", "decode_table", "encode"]
+__all__ = ["E2M1_STEPS", "FORMATS", "MinifloatFormat", "decode", "decode_table", "encode"]
 
 
 class MinifloatFormat(NamedTuple):
@@ -45,7 +45,7 @@ FORMATS = {
 
 # E2M1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6: midpoints with their tie direction (ties go to the
 # even code, so the comparison is ">" where the lower code is even and ">=" where it is odd)
-_E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
 @functools.cache
@@ -70,7 +70,7 @@ def decode_table(value: QuantValue) -> tuple[float, ...]:
 
 def _magnitude_code_e2m1(a: Any, *, xp: Any) -> Any:
     code = xp.zeros(a.shape, dtype=xp.uint8, device=device_of(a))
-    for threshold, inclusive in _E2M1_STEPS:
+    for threshold, inclusive in E2M1_STEPS:
         hit = a >= threshold if inclusive else a > threshold
         code = xp.add(code, xp.astype(hit, xp.uint8))
     return code

@@ -14,11 +14,13 @@ from array_api_compat import device as device_of
 
 from ..scheme import ScaleDtype
 
-__all__ = ["round_up_scales"]
+__all__ = ["pow2_tables", "round_up_scales"]
 
 
 @functools.cache  # why: built in Python for every row slab otherwise
-def _pow2_tables(dtype: ScaleDtype) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+def pow2_tables(dtype: ScaleDtype) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+    """The binade thresholds of ``dtype``'s grid and the power-of-two factors (up and inverse, each
+    split in two normal f32 factors) that round a scale up onto it; the fused kernels take the same."""
     g = dtype.grid
     thresholds = [2.0**e for e in range(g.emin + 1, g.emax + 1)]
     # j binades above emin scale by 2^(mbits - emin - j); split in two factors so that each
@@ -44,7 +46,7 @@ def round_up_scales(s: Any, dtype: ScaleDtype, *, xp: Any) -> Any:
         return xp.add(s, xp.asarray(0.0, dtype=s.dtype, device=dev))  # -0.0 -> +0.0
     g = dtype.grid
     shape = tuple(s.shape)
-    thresholds, up_a, up_b, inv_a, inv_b = _pow2_tables(dtype)
+    thresholds, up_a, up_b, inv_a, inv_b = pow2_tables(dtype)
     f32 = xp.float32
     a = xp.minimum(xp.reshape(s, (-1,)), xp.asarray(g.max, dtype=f32, device=dev))
     j = xp.searchsorted(xp.asarray(thresholds, dtype=f32, device=dev), a, side="right")

@@ -29,7 +29,7 @@ from array_api_compat import device as device_of
 
 from ..scheme import ScaleDtype
 from .blocks import as_blocks, grid_as_blocks, pad_to_blocks
-from .calibrate import _pairwise_sum
+from .calibrate import pairwise_sum
 from .roundup import round_up_scales
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "element_weights",
     "kth_smallest",
     "nearest_rank",
+    "norm_tables",
     "percentile_alpha",
     "pow_norm",
     "row_errors",
@@ -56,7 +57,7 @@ def _f32(v: float) -> float:
 
 
 @functools.cache
-def _tables(p: float) -> tuple[list[float], list[float], list[float]]:
+def norm_tables(p: float) -> tuple[list[float], list[float], list[float]]:
     """Per binade ``k`` (index ``k - KMIN``): ``2^-k`` and ``2^(kp)``; per fraction ``j``: ``M[j]``."""
     ks = range(_KMIN, _KMAX + 1)
     down = [2.0**-k for k in ks]
@@ -86,7 +87,7 @@ def pow_norm(e: Any, p: float, *, xp: Any) -> Any:
         return xp.multiply(e, e)
     dev = device_of(e)
     f32 = xp.float32
-    down_t, scale_t, mant_t = _tables(float(p))
+    down_t, scale_t, mant_t = norm_tables(float(p))
     one = xp.asarray(1.0, dtype=f32, device=dev)
     two = xp.asarray(2.0, dtype=f32, device=dev)
     shape = tuple(e.shape)
@@ -120,7 +121,7 @@ def _tree_blocks(v: Any, *, xp: Any) -> Any:
     grid = tuple(v.shape[2 * i] for i in range(rank))
     block = math.prod(v.shape[2 * i + 1] for i in range(rank))
     v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
-    return _pairwise_sum(xp.reshape(v, (*grid, block)), xp=xp)
+    return pairwise_sum(xp.reshape(v, (*grid, block)), xp=xp)
 
 
 def _unit(amax: Any, *, xp: Any) -> Any:
@@ -182,7 +183,7 @@ def row_errors(x: Any, deq: Any, unit: Any, weights: Any, p: float, *, xp: Any) 
     """Per-tensor search: ``sum w * |x - deq|^p`` of each row (axis 0), row-major tree; shape ``(rows,)``."""
     e = _limit(xp.divide(xp.abs(xp.subtract(x, deq)), xp.reshape(unit, (1,) * x.ndim)), xp=xp)
     v = xp.multiply(pow_norm(e, p, xp=xp), weights)
-    return _pairwise_sum(xp.reshape(v, (int(x.shape[0]), -1)), xp=xp)
+    return pairwise_sum(xp.reshape(v, (int(x.shape[0]), -1)), xp=xp)
 
 
 def select(errors: list[Any], alphas: list[Any], *, xp: Any) -> Any:
@@ -193,7 +194,7 @@ def select(errors: list[Any], alphas: list[Any], *, xp: Any) -> Any:
     """
     best_err = best_alpha = None
     for err, alpha in zip(errors, alphas, strict=True):
-        total = _pairwise_sum(xp.reshape(err, (-1,)), xp=xp)
+        total = pairwise_sum(xp.reshape(err, (-1,)), xp=xp)
         if best_err is None:
             best_err, best_alpha = total, alpha
         else:

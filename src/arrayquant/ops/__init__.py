@@ -2,17 +2,20 @@
 
 What each operation returns follows Burn's rules for quantized tensors:
 
-* **layout operations** (``reshape``, ``permute_dims``, ``getitem``, ``concat``, ...; module
-  ``ops.layout``) return a quantized tensor. Where the operation keeps whole blocks and the scales
-  still apply, the stored codes and scales are moved and nothing is dequantized; elsewhere the
-  data goes through floats and is quantized again with the input's scheme (Burn's fallback).
-  ``is_exact`` says which path a call takes.
-* **arithmetic, reductions and scans** (``ops.elementwise``) compute on the dequantized values;
-  ``propagation="inhibit"`` (the default, as in Burn) returns floats, ``"propagate"`` quantizes
-  the result again with the input's scheme.
-* **math functions, comparisons and masks** return floats, booleans or indices; ``abs``, ``max``,
-  ``min``, ``sort``, ``topk`` and ``mask_select`` always return quantized tensors (all but ``abs``
-  select the stored codes exactly for one scale per tensor; ``abs`` is requantized, as Burn's).
+* **layout operations** (``reshape``, ``permute_dims``, ``getitem``, ``concat``, ...; modules
+  ``ops.manipulation`` and ``ops.indexing``) return a quantized tensor. Where the operation keeps
+  whole blocks and the scales still apply, the stored codes and scales are moved and nothing is
+  dequantized; elsewhere the data goes through floats and is quantized again with the input's
+  scheme (Burn's fallback). ``is_exact`` (``ops.exact``, with the table of when) says which path a
+  call takes.
+* **arithmetic, reductions and scans** (``ops.elementwise``, ``ops.statistical``) compute on the
+  dequantized values; ``propagation="inhibit"`` (the default, as in Burn) returns floats,
+  ``"propagate"`` quantizes the result again with the input's scheme.
+* **math functions, comparisons, searches and updates** (``ops.elementwise``, ``ops.searching``,
+  ``ops.sorting``, ``ops.utility``, ``ops.updates``) return floats, booleans or indices; ``abs``,
+  ``max``, ``min``, ``sort``, ``topk`` and ``mask_select`` always return quantized tensors (all but
+  ``abs`` select the stored codes exactly for one scale per tensor; ``abs`` is requantized, as
+  Burn's).
 * **matmul** (``ops.linalg``) with either side quantized: dequantize and multiply, an exact
   integer path for integer schemes scaled per tensor or per row/column, and an add/subtract path
   for ternary (Q2S per tensor) weights.
@@ -32,19 +35,10 @@ from ._common import PROPAGATIONS
 from .elementwise import (
     abs,
     add,
-    all,
-    any,
-    argmax,
-    argmin,
-    argsort,
     ceil,
     clip,
     cos,
     cosh,
-    cumulative_max,
-    cumulative_min,
-    cumulative_prod,
-    cumulative_sum,
     divide,
     equal,
     erf,
@@ -52,65 +46,75 @@ from .elementwise import (
     floor,
     greater,
     greater_equal,
-    index_add,
     isinf,
     isnan,
     less,
     less_equal,
     log,
     log1p,
-    mask_fill,
-    mask_select,
-    max,
     maximum,
-    mean,
-    min,
     minimum,
     multiply,
     negative,
     not_equal,
     pow,
-    prod,
     reciprocal,
     remainder,
     round,
-    scatter_add,
     sign,
     sin,
     sinh,
-    slice_assign,
-    sort,
     sqrt,
     square,
     subtract,
-    sum,
     tan,
     tanh,
-    topk,
-    where,
 )
-from .layout import (
-    broadcast_to,
+from .exact import is_exact
+from .indexing import (
     chunk,
-    concat,
-    expand_dims,
-    flip,
     getitem,
-    is_exact,
-    matrix_transpose,
+    mask_select,
     narrow,
-    permute_dims,
-    repeat,
-    repeat_dim,
-    reshape,
     split,
-    squeeze,
-    stack,
-    swapaxes,
     take,
     take_along_axis,
 )
 from .linalg import matmul, matmul_path
+from .manipulation import (
+    broadcast_to,
+    concat,
+    expand_dims,
+    flip,
+    matrix_transpose,
+    permute_dims,
+    repeat,
+    repeat_dim,
+    reshape,
+    squeeze,
+    stack,
+    swapaxes,
+)
+from .searching import argmax, argmin, where
+from .sorting import argsort, sort, topk
+from .statistical import (
+    cumulative_max,
+    cumulative_min,
+    cumulative_prod,
+    cumulative_sum,
+    max,
+    mean,
+    min,
+    prod,
+    sum,
+)
+from .updates import (
+    index_add,
+    mask_fill,
+    scatter_add,
+    slice_assign,
+)
+from .utility import all, any
 
 __all__ = [
     "PROPAGATIONS",

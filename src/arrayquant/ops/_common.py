@@ -1,13 +1,17 @@
-"""What every operation on quantized tensors shares: propagation, the float view, requantization.
+"""What every operation on quantized tensors shares: propagation, the float view, requantization, checks.
 
 Burn decides per operation whether a quantized input stays quantized. Operations that go through
 floats compute on the dequantized values; where Burn requantizes at all, ``propagation`` chooses:
 ``"inhibit"`` (Burn's default) returns the float result, ``"propagate"`` quantizes it again with the
 input's scheme (the left operand's for two operands), its scales found afresh by MinMax.
+
+Also here, for every ops module: the checks of operands, axes, flags and result sizes, and the
+selection of stored codes that keeps a per-tensor scale (``max``, ``min``, ``sort``, ``topk``).
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 import operator
@@ -16,28 +20,45 @@ from typing import Any, TypeVar
 
 import array_api_compat as compat
 
+from ..backends.shim import quiet
 from ..dequantize import dequantize
 from ..errors import DTypeError, ParamsError, SchemeError, ShapeError
+from ..invariants import is_real_float, plan_for
 from ..invariants.data import MAX_ELEMENTS, can_read, check_same_place, check_shape
 from ..quantize import quantize
 from ..scheme import BlockSize, QuantScheme
+from ..storage import pack
 from ..tensor import QuantizedTensor
 
 __all__ = [
+    "BROADCAST_RESULT",
     "PROPAGATIONS",
+    "SCALARS",
     "allocating",
     "as_int",
+    "broadcast_shape",
     "check_elements",
     "check_flag",
+    "check_mask",
+    "check_operands",
     "check_propagation",
     "check_result_size",
+    "document",
+    "finish",
     "fit_scheme",
+    "float_args",
     "floats",
+    "gather_along",
     "normalize_axes",
+    "one_axis",
     "operand",
+    "per_tensor",
     "positions",
+    "reduce_axes",
     "requantize",
+    "require_quantized",
     "same_place",
+    "with_codes",
 ]
 
 PROPAGATIONS = ("inhibit", "propagate")
@@ -243,3 +264,167 @@ def positions(qt: QuantizedTensor, indices: Any, n: int, what: str) -> Any:
         # in range, so the remainder is the position: one new array where the where took three
         return allocating(lambda: idx % n, f"{what} with indices of shape {list(shape)}")
     return idx
+
+
+# -- operands of the operations that compute on floats ---------------------------------------------
+SCALARS = (bool, int, float)  # the Python scalars an operand may be
+BROADCAST_RESULT = "the broadcast result"  # what a result an operand's shape sizes is called in a ShapeError
+
+
+def require_quantized(x: Any, name: str = "x") -> QuantizedTensor:
+    """``x`` when it is a quantized tensor, else a DTypeError sending float arrays to their own library."""
+    if not isinstance(x, QuantizedTensor):
+        msg = (
+            f"{name} must be an aq.QuantizedTensor (from aq.quantize), got {type(x).__name__}; "
+            "for float arrays use the array library's own function"
+        )
+        raise DTypeError(msg)
+    return x
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    if isinstance(v, QuantizedTensor):
+        return tuple(v.shape)
+    if isinstance(v, SCALARS):
+        return ()
+    return tuple(v.shape)
+
+
+def broadcast_shape(names: tuple[str, ...], *operands: Any) -> tuple[int, ...]:
+    """The broadcast shape of the operands, or a ShapeError naming every shape."""
+    shapes = [_shape(v) for v in operands]
+    rank = builtins.max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            described = ", ".join(f"{n} {list(s)}" for n, s in zip(names, shapes, strict=True))
+            msg = (
+                f"shapes do not broadcast: {described}; each axis (aligned from the right) must have "
+                "equal extents or extent 1"
+            )
+            raise ShapeError(msg)
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def check_operands(names: tuple[str, ...], values: tuple[Any, ...]) -> list[QuantizedTensor]:
+    """Check operand kinds, namespace/device and broadcasting; return the quantized ones in order."""
+    quantized = [v for v in values if isinstance(v, QuantizedTensor)]
+    if not quantized:
+        described = ", ".join(f"{n} {type(v).__name__}" for n, v in zip(names, values, strict=True))
+        msg = (
+            f"at least one operand must be an aq.QuantizedTensor, got {described}; for float arrays "
+            "use the array library's own function"
+        )
+        raise DTypeError(msg)
+    for n, v in zip(names, values, strict=True):
+        if not isinstance(v, (QuantizedTensor, *SCALARS)) and not compat.is_array_api_obj(v):
+            msg = f"{n} must be a QuantizedTensor, an Array API array or a Python scalar, got {type(v).__name__}"
+            raise DTypeError(msg)
+        if compat.is_array_api_obj(v) and not _real(v):
+            # why: NumPy would answer strings and datetimes with a UFuncTypeError, and turn complex or
+            # object operands into complex or object "floats" that no quantized tensor can hold
+            msg = f"{n} has dtype {v.dtype}; operands must hold real numbers (bool, integer or real floating)"
+            raise DTypeError(msg)
+    same_place(**dict(zip(names, values, strict=True)))
+    shape = broadcast_shape(names, *values)
+    check_elements(shape, "the broadcast result", "broadcast against a smaller operand")
+    return quantized
+
+
+def _real(a: Any) -> bool:
+    """Whether array ``a`` holds real numbers: bool, integer or real floating (bfloat16 included)."""
+    xp = compat.array_namespace(a)
+    if is_real_float(xp, a.dtype):
+        return True
+    try:
+        return bool(xp.isdtype(a.dtype, ("bool", "integral")))
+    except (TypeError, ValueError, AttributeError):  # object, string and datetime dtypes in some versions
+        return False
+
+
+def float_args(values: tuple[Any, ...], like: QuantizedTensor) -> list[Any]:
+    """Dequantized operands; Python scalars become 0-d arrays of the float result's dtype.
+
+    A scalar past the dtype's range becomes +-inf (NumPy's cast, without its warning); an int past
+    every float's range is a DTypeError (NumPy raises OverflowError).
+    """
+    arrays = [operand(v) for v in values]
+    ref = next(a for a, v in zip(arrays, values, strict=True) if isinstance(v, QuantizedTensor))
+    xp = compat.array_namespace(ref)
+    device = compat.device(ref)
+    for a in arrays:
+        if isinstance(a, int):
+            try:
+                float(a)
+            except OverflowError:
+                msg = (
+                    f"a scalar int of {a.bit_length()} bits is beyond the range of every float dtype; "
+                    "pass a float (e.g. math.inf) instead"
+                )
+                raise DTypeError(msg) from None
+    with quiet(xp):
+        return [xp.asarray(a, dtype=ref.dtype, device=device) if isinstance(a, SCALARS) else a for a in arrays]
+
+
+def reduce_axes(axis: Any, ndim: int) -> tuple[int, ...] | None:
+    """``axis`` of a reduction as a tuple of non-negative axes (None, every axis, stays None), or a ShapeError."""
+    return None if axis is None else normalize_axes(axis, ndim)
+
+
+def one_axis(axis: Any, ndim: int) -> int:
+    """The one axis a sort, scan or indexed update works along; None is a ShapeError here, not all axes."""
+    return normalize_axes(axis, ndim, many=False)[0]
+
+
+def finish(result: Any, like: QuantizedTensor, propagation: str) -> Any:
+    """Burn's flow rule: the float result, or it requantized with ``like``'s scheme (at least 1-d)."""
+    if propagation == "inhibit":
+        return result
+    if result.ndim == 0:
+        result = compat.array_namespace(result).reshape(result, (1,))
+    return requantize(result, like)
+
+
+def document(functions: tuple[Callable[..., Any], ...], doc: str) -> None:
+    """Append the shared Parameters/Returns/Raises text to each function's docstring."""
+    for fn in functions:
+        fn.__doc__ = (fn.__doc__ or "") + doc
+
+
+def per_tensor(qt: QuantizedTensor) -> bool:
+    """Whether ``qt``'s scheme has one scale for the whole tensor (no block level)."""
+    return plan_for(qt.scheme).block is None
+
+
+def check_mask(mask: Any, name: str) -> None:
+    """A DTypeError unless ``mask`` is a bool array (a quantized tensor is none)."""
+    if isinstance(mask, QuantizedTensor) or not compat.is_array_api_obj(mask):
+        msg = f"{name} must be a bool array, got {type(mask).__name__}"
+        raise DTypeError(msg)
+    xp = compat.array_namespace(mask)
+    if not xp.isdtype(mask.dtype, "bool"):
+        msg = f"{name} must be a bool array, got dtype {mask.dtype}; build it with a comparison such as x > 0"
+        raise DTypeError(msg)
+
+
+# -- the stored codes of a per-tensor scheme, selected --------------------------------------------
+def gather_along(xp: Any, a: Any, idx: Any, axis: int) -> Any:
+    """``take_along_axis``; where a namespace lacks it (dask), a one-hot maximum along ``axis``."""
+    if hasattr(xp, "take_along_axis"):
+        return xp.take_along_axis(a, idx, axis=axis)
+    # exact: the one selected entry is at least the fill, the dtype's smallest value
+    n = a.shape[axis]
+    a = xp.expand_dims(xp.moveaxis(a, axis, -1), axis=-2)  # (..., 1, n)
+    i = xp.expand_dims(xp.moveaxis(idx, axis, -1), axis=-1)  # (..., k, 1)
+    hit = xp.equal(i, xp.arange(n, dtype=i.dtype, device=compat.device(i)))
+    low = -math.inf if xp.isdtype(a.dtype, "real floating") else xp.iinfo(a.dtype).min
+    fill = xp.asarray(low, dtype=a.dtype, device=compat.device(a))
+    return xp.moveaxis(xp.max(xp.where(hit, a, fill), axis=-1), -1, axis)
+
+
+def with_codes(qt: QuantizedTensor, codes: Any) -> QuantizedTensor:
+    """``qt``'s scale (per tensor: one scale for any shape) over other codes."""
+    return dataclasses.replace(qt, shape=tuple(int(n) for n in codes.shape), values=pack(codes, qt.scheme))

@@ -305,7 +305,7 @@ PRESETS = {
     "mxfp8": QuantScheme.mxfp8,
     "mxfp4": QuantScheme.mxfp4,
     "nf4": QuantScheme.nf4,
-    # GGUF type names whose blocks are exactly these schemes (arrayquant.io.gguf_types)
+    # GGUF type names whose blocks are exactly these schemes (arrayquant.io.gguf.types)
     "q8_0": lambda: QuantScheme.parse("q8f:block32:f16"),
     "q4_0": lambda: QuantScheme.parse("q4f:block32:f16"),
     "tq2_0": lambda: QuantScheme.parse("q2s:block256:f16"),

@@ -38,7 +38,6 @@ nitpick_ignore = [
     ("py:class", "enum.Enum"),  # the enums' base (no intersphinx: the build runs offline)
     # names in docstrings of src/arrayquant/io/ (edited elsewhere) that the reference leaves out:
     ("py:func", "detect"),  # io/formats.py, load
-    ("py:func", "arrayquant.io.checkpoint.save"),  # io/formats.py, save
     ("py:mod", "arrayquant.io.compressed_tensors.fused_shards"),  # io/compressed_tensors/requantize.py, quantize_model
 ]
 
@@ -62,6 +61,17 @@ def _data_docstring(app: object, what: str, name: str, obj: object, options: obj
             lines[:] = list(comment)
 
 
+_TOP_LEVEL = {id(getattr(arrayquant, n)) for n in arrayquant.__all__}
+
+
+def _skip_top_level(app: object, what: str, name: str, obj: object, skip: bool, options: object) -> bool | None:
+    # a namespace's page (aq.io) leaves out what arrayquant.__all__ exports too: it has its own page
+    if what == "module" and id(obj) in _TOP_LEVEL and not isinstance(obj, type(arrayquant)):
+        return True
+    return None
+
+
 def setup(app: object) -> None:
     app.connect("config-inited", _write_reference)  # type: ignore[attr-defined]
+    app.connect("autodoc-skip-member", _skip_top_level)  # type: ignore[attr-defined]
     app.connect("autodoc-process-docstring", _data_docstring)  # type: ignore[attr-defined]

@@ -1,8 +1,8 @@
 """Files in every format arrayquant reads and writes, and Burn's byte layout of one tensor.
 
 The functions here work on any format (found from a file's content, see :func:`detect`):
-:func:`load` and :func:`save` for tensors in memory, :func:`quantize_file` and
-:func:`dequantize_file` for whole files and model folders a tensor at a time (also
+:func:`~arrayquant.load` and :func:`~arrayquant.save` for tensors in memory, :func:`~arrayquant.quantize_file` and
+:func:`~arrayquant.dequantize_file` for whole files and model folders a tensor at a time (also
 ``aq.quantize_file`` / ``aq.dequantize_file``), :func:`iter_tensors` and :func:`tensor_shapes`
 to look inside. Each format is a package below (``gguf``, ``burn``, ``compressed_tensors``,
 ``arrayquant``, with ``safetensors`` under the last two) for what only it has.

@@ -150,7 +150,7 @@ def get_format(name: str) -> Format:
     Raises
     ------
     SchemeError
-        A name that is not one of :func:`names`.
+        A name that is not one of ``names()``.
     """
     try:
         return _BY_NAME[name]
@@ -170,7 +170,7 @@ def by_suffix(path: str | os.PathLike[str]) -> str | None:
 
 
 def detect(path: str | os.PathLike[str]) -> str:
-    """The format of ``path``, by its content: one of :func:`names`.
+    """The format of ``path``, by its content: one of ``names()``.
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "m.bin")
@@ -413,7 +413,7 @@ def format_module(name: str) -> ModuleType:
     Raises
     ------
     SchemeError
-        A name that is not one of :func:`names`.
+        A name that is not one of ``names()``.
     BackendUnavailableError
         The format's package is missing (the message names the extra to install).
     """

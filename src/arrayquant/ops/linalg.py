@@ -121,12 +121,12 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
 
 
 def matmul_path(a: Any, b: Any) -> str:
-    """The path :func:`matmul` ``(a, b)`` takes under ``path="auto"``: ternary, else int8, else reference.
+    """The path :func:`~arrayquant.matmul` ``(a, b)`` takes under ``path="auto"``: ternary, else int8, else reference.
 
     Parameters
     ----------
     a, b : QuantizedTensor or array
-        The operands, as for :func:`matmul` (checked the same way).
+        The operands, as for :func:`~arrayquant.matmul` (checked the same way).
 
     Returns
     -------
@@ -136,7 +136,7 @@ def matmul_path(a: Any, b: Any) -> str:
     Raises
     ------
     ParamsError, DTypeError, DeviceError, ShapeError
-        As :func:`matmul` does for the same operands.
+        As :func:`~arrayquant.matmul` does for the same operands.
 
     Examples
     --------

@@ -466,7 +466,7 @@ def read_burnpack(path: str | os.PathLike[str], *, backend: str | None = None, d
     Returns
     -------
     Burnpack
-        ``tensors`` (name to :class:`QuantizedTensor` for QFloat, to an array otherwise, in file
+        ``tensors`` (name to :class:`~arrayquant.QuantizedTensor` for QFloat, to an array otherwise, in file
         order), ``param_ids``, ``metadata``, ``scalars``.
 
     Raises
@@ -497,7 +497,7 @@ def read_burnpack(path: str | os.PathLike[str], *, backend: str | None = None, d
 
 
 def load(path: str | os.PathLike[str], *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
-    """Every tensor of a Burnpack file: :class:`QuantizedTensor` for QFloat ones, arrays for the rest.
+    """Every tensor of a Burnpack file: :class:`~arrayquant.QuantizedTensor` for QFloat ones, arrays for the rest.
 
     See :func:`read_burnpack`, which also returns the param ids, metadata and scalars.
     """

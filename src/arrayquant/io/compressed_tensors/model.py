@@ -2,7 +2,7 @@
 
 :func:`iter_model` walks a model folder (or one of its files) in file order, each
 compressed-tensors weight decoded into the :class:`~arrayquant.QuantizedTensor` that stores the
-same bits, named ``<module>.weight``; :func:`load_model` gathers them. :func:`dequantize_file`
+same bits, named ``<module>.weight``; :func:`load_model` gathers them. :func:`~arrayquant.dequantize_file`
 (and :func:`dequantize_model`) writes a quantized folder back as a plain float one.
 """
 
@@ -288,7 +288,7 @@ def dequantize_file(
 
 
 def dequantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None) -> Dequantized:
-    """:func:`dequantize_file`, answering with the modules dequantized and the activation entries dropped."""
+    """:func:`~arrayquant.dequantize_file` on a folder: the modules dequantized and the entries dropped."""
     done = dequantize_file(src, dst, dtype=dtype)
     return Dequantized([name.removesuffix(".weight") for name in done.dequantized], done.dropped)
 

@@ -10,6 +10,7 @@ Nothing is computed until the caller asks; ``aq.save`` writes the result chunk b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,13 @@ class _Chunked:
         if self.check and not bool(xp.all(xp.isfinite(alpha))):
             check_data_finite(xc, xp, origin=_origin(self.data, block_id))
 
+    def _slab_alpha(self, xc: Any, c: Chunk, xp: Any, block_id: tuple[int, ...]) -> tuple[Any, Any]:
+        """Slab ``c`` of the chunk ``xc`` and its ``alpha``, verified finite."""
+        xs = xc[c.rows, ...]
+        alpha = self.steps.alpha(xs, xp=xp)
+        self._verify(xc, alpha, xp, block_id)
+        return xs, alpha
+
     def _grid(self, xc: Any, block_id: tuple[int, ...], scale: Any) -> Any:
         """``scale(alpha)`` over the chunk's part of the scale grid, a slab at a time."""
         xp = _ns(xc)
@@ -125,8 +133,7 @@ class _Chunked:
         out = Sink(len(slabs), self.steps.plan.grid_shape(tuple(xc.shape)), xp.float32, xp, compat.device(xc))
         with shim.quiet(xp):
             for c in slabs:
-                alpha = self.steps.alpha(xc[c.rows, ...], xp=xp)
-                self._verify(xc, alpha, xp, block_id)
+                _, alpha = self._slab_alpha(xc, c, xp, block_id)
                 out.put(c.grid, scale(alpha, xp))
         return out.result
 
@@ -144,23 +151,25 @@ class _Chunked:
             return None
         return registry.chunk_kernels(xc, self.steps.plan, tuple(xc.shape) if shape is None else shape)
 
-    def _fused_top(self, xc: Any) -> Any:
-        """The chunk's ``max|x|`` shaped ``(1,) * rank`` by a fused kernel, or None (not covered, NaN/inf)."""
+    def _top(self, xc: Any, portable: Callable[[Any], Any]) -> Any:
+        """The chunk's ``max|x|`` shaped ``(1,) * rank``: fused, else (not covered, NaN/inf) ``portable(xp)``."""
         kernels = self._chunk_kernels(xc)
         top = None if kernels is None else kernels[0](xc)
-        return None if top is None else top.reshape((1,) * xc.ndim)
+        if top is not None:
+            return top.reshape((1,) * xc.ndim)
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            return xp.reshape(portable(xp), (1,) * xc.ndim)
 
     def alpha(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
         """Per-tensor partial: ``max|x|`` of the chunk, shaped ``(1,) * rank``."""
-        top = self._fused_top(xc)
-        if top is not None:
-            return top
-        xp = _ns(xc)
-        with shim.quiet(xp):
-            parts = [self.steps.alpha(xc[c.rows, ...], xp=xp) for c in self._slabs(xc)]
-            alpha = max_of(parts, xp=xp)
+
+        def portable(xp: Any) -> Any:
+            alpha = max_of([self.steps.alpha(xc[c.rows, ...], xp=xp) for c in self._slabs(xc)], xp=xp)
             self._verify(xc, alpha, xp, block_id)
-            return xp.reshape(alpha, (1,) * xc.ndim)
+            return alpha
+
+        return self._top(xc, portable)
 
     def _imp(self, imp: Any, xc: Any, block_id: tuple[int, ...], c: Chunk) -> Any:
         """The importance weights of slab ``c`` of the chunk ``xc`` (its columns of the whole vector)."""
@@ -179,9 +188,7 @@ class _Chunked:
         out = Sink(len(slabs), plan.grid_shape(tuple(xc.shape)), xp.float32, xp, compat.device(xc))
         with shim.quiet(xp):
             for c in slabs:
-                xs = xc[c.rows, ...]
-                alpha = self.steps.alpha(xs, xp=xp)
-                self._verify(xc, alpha, xp, block_id)
+                xs, alpha = self._slab_alpha(xc, c, xp, block_id)
                 alpha = self.steps.search(xs, alpha, table, glob, self._imp(imp, xc, block_id, c), xp=xp)
                 s = normalise_scales(block_scales(alpha, plan, xp=xp, table=table), glob, xp=xp)
                 out.put(c.grid, store_scales(s, plan, xp=xp))
@@ -257,9 +264,7 @@ class _Chunked:
         scales = Sink(len(slabs), plan.grid_shape(tuple(xc.shape)), xp.float32, xp, compat.device(xc))
         with shim.quiet(xp):
             for c in slabs:
-                xs = xc[c.rows, ...]
-                alpha = self.steps.alpha(xs, xp=xp)
-                self._verify(xc, alpha, xp, block_id)
+                xs, alpha = self._slab_alpha(xc, c, xp, block_id)
                 if self.steps.searches:
                     alpha = self.steps.search(xs, alpha, table, None, self._imp(imp, xc, block_id, c), xp=xp)
                 stored = store_scales(scales_from_absmax(alpha, plan, xp=xp, table=table)[0], plan, xp=xp)
@@ -269,12 +274,7 @@ class _Chunked:
 
     def block_top(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
         """Two-level MinMax, first pass: the chunk's largest block ``max|x|``, shaped ``(1,) * rank``."""
-        top = self._fused_top(xc)
-        if top is not None:
-            return top
-        xp = _ns(xc)
-        with shim.quiet(xp):
-            return xp.reshape(xp.max(self._grid(xc, block_id, lambda a, xp: a)), (1,) * xc.ndim)
+        return self._top(xc, lambda xp: xp.max(self._grid(xc, block_id, lambda a, xp: a)))
 
     def under(self, xc: Any, glob: Any, table: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
         """Two-level MinMax, second pass: the chunk's stored values and stored scales beneath ``glob``."""

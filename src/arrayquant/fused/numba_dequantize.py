@@ -86,35 +86,36 @@ if numba is not None:
     def _f32_bits(u):
         return np.int32(u).view(np.float32)
 
+    @_inline
+    def _minifloat(c, ebits, mbits):
+        """Code ``c`` of a sign-``ebits``-``mbits`` minifloat: its magnitude field, its sign moved to
+        f32's bit 31, and its value read as a normal (mantissa and rebiased exponent moved into f32's
+        fields) and as a signed subnormal (the field times the smallest subnormal)."""
+        top = np.int32(1 << (ebits + mbits))  # the sign bit
+        bias = (1 << (ebits - 1)) - 1
+        mag = np.int32(c) & (top - np.int32(1))
+        sign = (np.int32(c) & top) << np.int32(31 - ebits - mbits)
+        normal = _f32_bits(((mag << np.int32(23 - mbits)) + np.int32((127 - bias) << 23)) | sign)
+        sub = np.float32(mag) * _f32_bits(np.int32((128 - bias - mbits) << 23))  # 2^(1 - bias - mbits)
+        return mag, sign, normal, (-sub if sign != 0 else sub)
+
     # (selects, not early returns: a branch in the loop body stops LLVM vectorising it)
     @_inline
     def _e4m3(c):
-        mag = np.int32(c) & np.int32(0x7F)
-        sign = (np.int32(c) & np.int32(0x80)) << np.int32(24)
-        normal = _f32_bits(((mag << np.int32(20)) + np.int32(120 << 23)) | sign)
-        sub = np.float32(mag) * np.float32(2.0**-9)
-        sub = -sub if sign != 0 else sub
+        mag, sign, normal, sub = _minifloat(c, 4, 3)
         nan = _f32_bits(np.int32(0x7FC00000) | sign)
         return nan if mag == np.int32(0x7F) else (sub if mag < np.int32(8) else normal)
 
     @_inline
     def _e5m2(c):
-        mag = np.int32(c) & np.int32(0x7F)
-        sign = (np.int32(c) & np.int32(0x80)) << np.int32(24)
-        normal = _f32_bits(((mag << np.int32(21)) + np.int32(112 << 23)) | sign)
-        sub = np.float32(mag) * np.float32(2.0**-16)
-        sub = -sub if sign != 0 else sub
+        mag, sign, normal, sub = _minifloat(c, 5, 2)
         # infinity at 0x7C, NaN above
         special = _f32_bits((np.int32(0x7F800000) if mag == np.int32(0x7C) else np.int32(0x7FC00000)) | sign)
         return special if mag >= np.int32(0x7C) else (sub if mag < np.int32(4) else normal)
 
     @_inline
     def _e2m1(c):
-        mag = np.int32(c) & np.int32(7)
-        sign = (np.int32(c) & np.int32(8)) << np.int32(28)
-        normal = _f32_bits(((mag << np.int32(22)) + np.int32(126 << 23)) | sign)
-        sub = np.float32(mag) * np.float32(0.5)
-        sub = -sub if sign != 0 else sub
+        mag, _, normal, sub = _minifloat(c, 2, 1)
         return sub if mag < np.int32(2) else normal
 
     @_njit

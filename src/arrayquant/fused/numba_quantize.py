@@ -53,49 +53,24 @@ if numba is not None:
     from numba.core import types
     from numba.extending import intrinsic
 
-    def _bits_typer(typingctx: Any, v: Any) -> Any:
-        """The bit pattern of an f32 (a register bitcast: vectorises, unlike a view of a scratch array)."""
-        sig = types.uint32(types.float32)
+    def _bitcast(src: Any, dst: Any) -> Any:
+        """An intrinsic reinterpreting a 32-bit ``src`` as ``dst`` (a register bitcast: vectorises,
+        unlike a view of a scratch array)."""
+        target = ir.FloatType() if dst == types.float32 else ir.IntType(32)
 
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(32))
+        def typer(typingctx: Any, v: Any) -> Any:
+            def codegen(context, builder, signature, args):
+                return builder.bitcast(args[0], target)
 
-        return sig, codegen
+            return dst(src), codegen
 
-    _bits: Any = intrinsic(_bits_typer)
+        typer.__name__ = typer.__qualname__ = f"bitcast_{src}_{dst}"
+        return intrinsic(typer)
 
-    def _ibits_typer(typingctx: Any, v: Any) -> Any:
-        """The bit pattern of an f32 as a signed int32 (negative for a set sign bit)."""
-        sig = types.int32(types.float32)
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(32))
-
-        return sig, codegen
-
-    _ibits: Any = intrinsic(_ibits_typer)
-
-    def _from_ibits_typer(typingctx: Any, u: Any) -> Any:
-        """The f32 of a signed int32 bit pattern."""
-        sig = types.float32(types.int32)
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
-
-        return sig, codegen
-
-    _from_ibits: Any = intrinsic(_from_ibits_typer)
-
-    def _from_bits_typer(typingctx: Any, u: Any) -> Any:
-        """The f32 of a bit pattern."""
-        sig = types.float32(types.uint32)
-
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
-
-        return sig, codegen
-
-    _from_bits: Any = intrinsic(_from_bits_typer)
+    _bits: Any = _bitcast(types.float32, types.uint32)  # the bit pattern of an f32
+    _ibits: Any = _bitcast(types.float32, types.int32)  # as a signed int32 (negative for a set sign bit)
+    _from_ibits: Any = _bitcast(types.int32, types.float32)  # the f32 of a signed int32 bit pattern
+    _from_bits: Any = _bitcast(types.uint32, types.float32)  # the f32 of a bit pattern
 
     # inlined in numba's IR: a call to a compiled helper that takes arrays counts their references
     # (atomic operations) on every call, which costs more than a block's encoding

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from array_api_compat import device as device_of
@@ -143,6 +143,23 @@ def block_errors(xb: Any, deq: Any, unit_b: Any, wb: Any, p: float, *, xp: Any) 
     return _tree_blocks(xp.multiply(pow_norm(e, p, xp=xp), wb), xp=xp)
 
 
+def _least_error(candidates: Iterable[tuple[Any, Any]], *, xp: Any) -> Any:
+    """The ``alpha`` of the least error among ``(error, alpha)`` pairs, elementwise; None for no pairs.
+
+    Tried in order: a later candidate wins only with a strictly smaller error. A chain of ``where``,
+    so no value is read.
+    """
+    best_err = best_alpha = None
+    for err, alpha in candidates:
+        if best_err is None:
+            best_err, best_alpha = err, alpha
+        else:
+            better = err < best_err
+            best_err = xp.where(better, err, best_err)
+            best_alpha = xp.where(better, alpha, best_alpha)
+    return best_alpha
+
+
 def search_blocks(
     x: Any,
     amax: Any,
@@ -165,18 +182,14 @@ def search_blocks(
     xb = as_blocks(pad_to_blocks(x, dims, xp=xp, edge=False), dims, xp=xp)
     wb = as_blocks(pad_to_blocks(weights, dims, xp=xp, edge=False), dims, xp=xp)  # padding weighs 0
     unit_b = grid_as_blocks(_unit(amax, xp=xp), xp=xp)
-    best_err = best_alpha = None
-    for f in factors:
-        alpha = amax if f == 1.0 else xp.multiply(amax, xp.asarray(f, dtype=xp.float32, device=device_of(amax)))
-        deq = roundtrip(xb, grid_as_blocks(scale_of(alpha), xp=xp))
-        err = block_errors(xb, deq, unit_b, wb, p, xp=xp)
-        if best_err is None:
-            best_err, best_alpha = err, alpha
-        else:
-            better = err < best_err
-            best_err = xp.where(better, err, best_err)
-            best_alpha = xp.where(better, alpha, best_alpha)
-    return best_alpha
+
+    def candidates() -> Iterator[tuple[Any, Any]]:
+        for f in factors:
+            alpha = amax if f == 1.0 else xp.multiply(amax, xp.asarray(f, dtype=xp.float32, device=device_of(amax)))
+            deq = roundtrip(xb, grid_as_blocks(scale_of(alpha), xp=xp))
+            yield block_errors(xb, deq, unit_b, wb, p, xp=xp), alpha
+
+    return _least_error(candidates(), xp=xp)
 
 
 def row_errors(x: Any, deq: Any, unit: Any, weights: Any, p: float, *, xp: Any) -> Any:
@@ -192,16 +205,8 @@ def select(errors: list[Any], alphas: list[Any], *, xp: Any) -> Any:
     ``errors[i]`` holds candidate ``i``'s row errors; totals sum them by a fixed tree. No value
     is read: the choice is a chain of ``where``, so it stays lazy on dask and traceable on jax.
     """
-    best_err = best_alpha = None
-    for err, alpha in zip(errors, alphas, strict=True):
-        total = pairwise_sum(xp.reshape(err, (-1,)), xp=xp)
-        if best_err is None:
-            best_err, best_alpha = total, alpha
-        else:
-            better = total < best_err
-            best_err = xp.where(better, total, best_err)
-            best_alpha = xp.where(better, alpha, best_alpha)
-    return best_alpha
+    totals = (pairwise_sum(xp.reshape(err, (-1,)), xp=xp) for err in errors)
+    return _least_error(zip(totals, alphas, strict=True), xp=xp)
 
 
 def percentile_alpha(a: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, xp: Any) -> Any:

@@ -163,14 +163,19 @@ def matrix_transpose(qt: QuantizedTensor) -> QuantizedTensor:
 
 
 # -- reshape ------------------------------------------------------------------------------------
-def _target_shape(shape: Any, size: int, old: tuple[int, ...]) -> tuple[int, ...]:
+def _shape_entries(shape: Any, expected: str) -> list[int]:
+    """``shape``'s entries as ints (a bare int is one entry); else a ShapeError: shape must be ``expected``."""
     if isinstance(shape, int) and not isinstance(shape, bool):
         shape = (shape,)
     try:
-        dims = [check_int(n, "shape entry") for n in shape]
+        return [check_int(n, "shape entry") for n in shape]
     except TypeError:
-        msg = f"shape must be an integer or a sequence of integers, got {shape!r}"
+        msg = f"shape must be {expected}, got {shape!r}"
         raise ShapeError(msg) from None
+
+
+def _target_shape(shape: Any, size: int, old: tuple[int, ...]) -> tuple[int, ...]:
+    dims = _shape_entries(shape, "an integer or a sequence of integers")
     if not dims:
         msg = "shape () has no axes, but a QuantizedTensor has at least one; use (1,)"
         raise ShapeError(msg)
@@ -368,13 +373,7 @@ def repeat_dim(qt: QuantizedTensor, axis: int, times: int) -> QuantizedTensor:
 
 # -- broadcast / expand_dims / squeeze ----------------------------------------------------------
 def _plan_broadcast_to(qt: QuantizedTensor, shape: Any) -> Move:
-    if isinstance(shape, int) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        dims = [check_int(n, "shape entry") for n in shape]
-    except TypeError:
-        msg = f"shape must be a sequence of integers, got {shape!r}"
-        raise ShapeError(msg) from None
+    dims = _shape_entries(shape, "a sequence of integers")
     lead = len(dims) - len(qt.shape)
     if lead < 0:
         msg = f"cannot broadcast shape {qt.shape} to {tuple(dims)}, which has fewer axes"

@@ -26,17 +26,22 @@ from ._common import (
 __all__ = ["argmax", "argmin", "where"]
 
 
+def _arg_reduce(op: str, x: QuantizedTensor, axis: int | None, keepdims: bool) -> Any:
+    """The namespace's ``op`` (``argmax`` or ``argmin``) of ``x``'s dequantized values, the arguments checked."""
+    qt = require_quantized(x)
+    ax = None if axis is None else one_axis(axis, len(qt.shape))
+    keepdims = check_flag(keepdims, "keepdims")
+    f = floats(qt)
+    return getattr(compat.array_namespace(f), op)(f, axis=ax, keepdims=keepdims)
+
+
 def argmax(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = False) -> Any:
     """Index of the largest dequantized value (first on ties), an integer array.
 
     Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
     False, DTypeError when ``x`` is not quantized.
     """
-    qt = require_quantized(x)
-    ax = None if axis is None else one_axis(axis, len(qt.shape))
-    keepdims = check_flag(keepdims, "keepdims")
-    f = floats(qt)
-    return compat.array_namespace(f).argmax(f, axis=ax, keepdims=keepdims)
+    return _arg_reduce("argmax", x, axis, keepdims)
 
 
 def argmin(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = False) -> Any:
@@ -45,11 +50,7 @@ def argmin(x: QuantizedTensor, /, *, axis: int | None = None, keepdims: bool = F
     Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
     False, DTypeError when ``x`` is not quantized.
     """
-    qt = require_quantized(x)
-    ax = None if axis is None else one_axis(axis, len(qt.shape))
-    keepdims = check_flag(keepdims, "keepdims")
-    f = floats(qt)
-    return compat.array_namespace(f).argmin(f, axis=ax, keepdims=keepdims)
+    return _arg_reduce("argmin", x, axis, keepdims)
 
 
 def where(condition: Any, x1: Any, x2: Any, /) -> Any:

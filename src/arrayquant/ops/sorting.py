@@ -28,16 +28,23 @@ from ._common import (
 __all__ = ["argsort", "sort", "topk"]
 
 
+def _sort_operands(
+    x: QuantizedTensor, axis: int, descending: bool, stable: bool
+) -> tuple[QuantizedTensor, int, bool, bool, Any]:
+    """argsort's and sort's arguments checked, and ``x``'s dequantized values."""
+    qt = require_quantized(x)
+    ax = one_axis(axis, len(qt.shape))
+    descending, stable = check_flag(descending, "descending"), check_flag(stable, "stable")
+    return qt, ax, descending, stable, floats(qt)
+
+
 def argsort(x: QuantizedTensor, /, *, axis: int = -1, descending: bool = False, stable: bool = True) -> Any:
     """Indices that sort the dequantized values along ``axis``, an integer array.
 
     Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
     False, DTypeError when ``x`` is not quantized.
     """
-    qt = require_quantized(x)
-    ax = one_axis(axis, len(qt.shape))
-    descending, stable = check_flag(descending, "descending"), check_flag(stable, "stable")
-    f = floats(qt)
+    _, ax, descending, stable, f = _sort_operands(x, axis, descending, stable)
     return compat.array_namespace(f).argsort(f, axis=ax, descending=descending, stable=stable)
 
 
@@ -50,10 +57,7 @@ def sort(x: QuantizedTensor, /, *, axis: int = -1, descending: bool = False, sta
     Raises ShapeError for an axis that is no int or out of range, ParamsError for a flag neither True nor
     False, DTypeError when ``x`` is not quantized.
     """
-    qt = require_quantized(x)
-    ax = one_axis(axis, len(qt.shape))
-    descending, stable = check_flag(descending, "descending"), check_flag(stable, "stable")
-    f = floats(qt)
+    qt, ax, descending, stable, f = _sort_operands(x, axis, descending, stable)
     xp = compat.array_namespace(f)
     if not per_tensor(qt):
         return requantize(xp.sort(f, axis=ax, descending=descending, stable=stable), qt)

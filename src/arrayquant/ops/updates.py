@@ -92,8 +92,21 @@ def _one_hot_sum(xp: Any, v: Any, idx: Any, n: int) -> Any:
     return xp.sum(xp.where(hit, xp.expand_dims(v, axis=-1), zero), axis=-2, dtype=v.dtype)
 
 
-def _one_hot_add(xp: Any, f: Any, v: Any, ax: int, idx: Any, what: str) -> Any:
-    """``f`` plus the one-hot sums of ``v`` at ``idx`` (its axis already last) along ``ax``, the mask checked first."""
+def _indexed_operands(
+    x: QuantizedTensor, indices: Any, values: Any, axis: int, what: str
+) -> tuple[QuantizedTensor, tuple[int, ...], int, Any, Any]:
+    """``what``'s operands checked: ``x`` quantized, its shape, the axis, float ``values``, ``indices`` as positions."""
+    qt = require_quantized(x)
+    shape = tuple(qt.shape)
+    ax = one_axis(axis, len(shape))
+    v = _update_values(values, qt)
+    return qt, shape, ax, v, positions(qt, indices, shape[ax], what)
+
+
+def _one_hot_add(qt: QuantizedTensor, v: Any, ax: int, idx: Any, what: str) -> Any:
+    """``qt``'s floats plus the one-hot sums of ``v`` at ``idx`` (axis last) along ``ax``, the mask checked first."""
+    f = floats(qt)
+    xp = compat.array_namespace(f)
     n = int(f.shape[ax])
     mask = (*tuple(v.shape), n)  # every value compared with every position on the axis
     check_elements(mask, f"{what}'s one-hot comparison", "add fewer values at a time")
@@ -143,11 +156,7 @@ def scatter_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) 
     >>> scatter_add(qt, np.array([1, 0, 1]), np.array([5.0, 4.0, 3.0], np.float32), axis=0).tolist()
     [4.0, 8.0, 0.0]
     """
-    qt = require_quantized(x)
-    shape = tuple(qt.shape)
-    ax = one_axis(axis, len(shape))
-    v = _update_values(values, qt)
-    idx = positions(qt, indices, shape[ax], "scatter_add")
+    qt, shape, ax, v, idx = _indexed_operands(x, indices, values, axis, "scatter_add")
     if tuple(idx.shape) != tuple(v.shape):
         msg = f"scatter_add indices {list(idx.shape)} and values {list(v.shape)} must have the same shape"
         raise ShapeError(msg)
@@ -157,9 +166,7 @@ def scatter_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) 
             f"axis {ax} (as Burn's scatter)"
         )
         raise ShapeError(msg)
-    f = floats(qt)
-    xp = compat.array_namespace(f)
-    return _one_hot_add(xp, f, v, ax, xp.moveaxis(idx, ax, -1), "scatter_add")
+    return _one_hot_add(qt, v, ax, compat.array_namespace(idx).moveaxis(idx, ax, -1), "scatter_add")
 
 
 def index_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) -> Any:
@@ -199,11 +206,7 @@ def index_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) ->
     >>> index_add(qt, np.array([1, 1, 0]), np.array([5.0, 4.0, 3.0], np.float32), axis=0).tolist()
     [3.0, 9.0, 0.0]
     """
-    qt = require_quantized(x)
-    shape = tuple(qt.shape)
-    ax = one_axis(axis, len(shape))
-    v = _update_values(values, qt)
-    idx = positions(qt, indices, shape[ax], "index_add")
+    qt, shape, ax, v, idx = _indexed_operands(x, indices, values, axis, "index_add")
     if len(idx.shape) != 1:
         msg = f"index_add indices must be 1-d, got shape {list(idx.shape)}"
         raise ShapeError(msg)
@@ -214,9 +217,7 @@ def index_add(x: QuantizedTensor, indices: Any, values: Any, /, *, axis: int) ->
             f"axis {ax}), got {list(v.shape)}"
         )
         raise ShapeError(msg)
-    f = floats(qt)
-    xp = compat.array_namespace(f)
-    return _one_hot_add(xp, f, v, ax, idx, "index_add")
+    return _one_hot_add(qt, v, ax, idx, "index_add")
 
 
 def _basic_index(k: Any, key: Any) -> Any:

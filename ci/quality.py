@@ -14,7 +14,9 @@ layer output errors, torch and transformers. It prints:
    sentences, and the error is measured on held-out sentences (and on the calibration ones).
 
 A calibration the installed arrayquant does not have yet is shown as ``(not available: ...)``;
-one a scheme does not take (``4over6`` with an integer scheme) as ``-``.
+one a scheme does not take (``4over6`` with an integer scheme) as ``-``. ``--affine`` prints only
+the table of symmetric against affine (zero-point, offset) schemes at 4 and 3 bits, groups 32,
+64 and 128.
 """
 
 from __future__ import annotations
@@ -152,6 +154,33 @@ def sqnr_table(title: str, weights: dict[str, np.ndarray], schemes: Sequence[str
         print(f"{c:<12}" + "".join(cells))
     for c, why in notes.items():
         print(f"  {c}: '-' where the scheme does not take it, e.g. {why}")
+
+
+AFFINE_BITS = (4, 3)
+AFFINE_GROUPS = (32, 64, 128)
+# column -> scheme text of b bits and group g (f16 scales): Burn's symmetric kinds, then the affine modes
+AFFINE_COLUMNS = {
+    "sym S": "q{b}s:block{g}:f16",
+    "sym F": "q{b}f:block{g}:f16",
+    "zero point": "u{b}:block{g}:f16:zero_point",
+    "offset": "u{b}:block{g}:f16:offset",
+}
+
+
+def affine_table(title: str, weights: dict[str, np.ndarray]) -> None:
+    """Mean SQNR of symmetric against affine (zero point, offset) schemes, MinMax, per width and group."""
+    print(f"\n== {title}: symmetric vs affine, MinMax, f16 scales (mean SQNR dB over {len(weights)} tensors) ==")
+    width = 14
+    print(f"{'bits group':<12}" + "".join(f"{c:>{width}}" for c in AFFINE_COLUMNS) + f"{'best gain':>{width}}")
+    for b in AFFINE_BITS:
+        for g in AFFINE_GROUPS:
+            means = []
+            for pattern in AFFINE_COLUMNS.values():
+                scheme = pattern.format(b=b, g=g)
+                means.append(float(np.mean([_sqnr(w, _deq(aq.quantize(w, scheme))) for w in weights.values()])))
+            gain = max(means[2:]) - max(means[:2])
+            print(f"{f'{b}  {g}':<12}" + "".join(f"{m:>{width}.2f}" for m in means) + f"{gain:>+{width}.2f}")
+    print("best gain: the better affine column minus the better symmetric one")
 
 
 def _activations(folder: Path, names: set[str], sentences: Sequence[str]) -> dict[str, np.ndarray]:
@@ -293,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calibration", dest="calibrations", action="append", help="(default: all)")
     parser.add_argument("--layers", type=int, default=0, help="use only the first N Linear weights (0: all)")
     parser.add_argument("--no-output", action="store_true", help="skip the layer output errors")
+    parser.add_argument("--affine", action="store_true", help="only the symmetric-vs-affine SQNR table")
     args = parser.parse_args(argv)
     schemes = args.schemes or list(SCHEMES)
     calibrations = args.calibrations or list(CALIBRATIONS)
@@ -300,6 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     weights, folder, missing = _weights_minilm()
     if args.layers:
         weights = dict(list(weights.items())[: args.layers])
+    if args.affine:
+        if weights:
+            affine_table("all-MiniLM-L6-v2 Linear weights", weights)
+        affine_table("synthetic heavy-tailed weights (0.02 * Student-t, 4 dof)", _weights_heavy_tailed())
+        return 0
     if weights:
         sqnr_table("all-MiniLM-L6-v2 Linear weights", weights, schemes, calibrations)
     else:

@@ -37,7 +37,17 @@ _SOURCES = (
     "ggml-quants.c",
     "gguf.cpp",
 )  # ggml-base, as ggml/src/CMakeLists.txt lists it
-TYPES = {"Q4_0": 2, "Q8_0": 8, "TQ1_0": 34, "TQ2_0": 35, "MXFP4": 39, "NVFP4": 40}  # enum ggml_type
+TYPES = {
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "Q8_0": 8,
+    "TQ1_0": 34,
+    "TQ2_0": 35,
+    "MXFP4": 39,
+    "NVFP4": 40,
+}  # enum ggml_type (ggml.h)
 
 
 def cache_dir() -> Path:

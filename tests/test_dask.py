@@ -20,7 +20,7 @@ import arrayquant as aq
 from arrayquant.backends import dask_graph
 from arrayquant.invariants import plan_for
 from arrayquant.io import regions
-from arrayquant.storage import fields_per_word
+from arrayquant.storage import pack_unit
 
 from .oracle import Case
 from .test_conformance import check, weights
@@ -70,18 +70,22 @@ def test_any_chunking_matches_the_oracle_and_numpy(case: Case, chunks: tuple[int
     np.testing.assert_array_equal(host(aq.dequantize(qd)), aq.dequantize(aq.quantize(x, case.text)))
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.text)
-def test_chunks_hold_whole_blocks_and_words(case: Case) -> None:
+ODD = ["q3f:block8:f16:packed_u32:1", "u5:block4x16:f16:offset:packed_u32:1", "u3:block8:f32:zero_point:packed_native"]
+
+
+@pytest.mark.parametrize("text", [c.text for c in CASES] + ODD)
+def test_chunks_hold_whole_blocks_and_words(text: str) -> None:
     x = weights((70, 100), seed=4)
-    qd = aq.quantize(lazy(x, (13, 37)), case.text)
-    plan = plan_for(aq.QuantScheme.parse(case.text))
+    qd = aq.quantize(lazy(x, (13, 37)), text)
+    plan = plan_for(aq.QuantScheme.parse(text))
     dims = plan.block_dims(2) or (1, 1)
-    per_word = fields_per_word(plan)
+    per, words = pack_unit(plan)
     axis = plan.packed_axis(2)
     data_chunks = []
     for a, sizes in enumerate(qd.values.chunks):
-        fields = [n * per_word for n in sizes] if a == axis else list(sizes)
-        unit = np.lcm(dims[a], per_word) if a == axis else dims[a]
+        assert a != axis or all(n % words == 0 for n in sizes[:-1]), (a, sizes)
+        fields = [n * per // words for n in sizes] if a == axis else list(sizes)
+        unit = np.lcm(dims[a], per) if a == axis else dims[a]
         assert all(n % unit == 0 for n in fields[:-1]), (a, sizes)
         data_chunks.append(fields)
     if plan.block is not None:

@@ -164,7 +164,8 @@ def test_packed_native_with_q8s(xp: Any) -> None:
     scheme = Q8S.with_store("packed_native")
     with pytest.raises(
         aq.SchemeError,
-        match=r"scheme q8s:packed_native: packed_native .* only fits E2M1, not Q8S; use with_store\('packed_u32'\)",
+        match=r"scheme q8s:packed_native: packed_native packs fields narrower than a byte .* Q8S fields are a byte "
+        r"each already; use with_store\('native'\)",
     ):
         aq.quantize(x, scheme)
 
@@ -287,7 +288,7 @@ def test_unknown_rounding(xp: Any) -> None:
         ("q8s:block0", r"block extents must be integers >= 1, got \[0\]"),
         ("", r"empty scheme text ''; start with a value such as 'q8s' or a preset"),
         (":block32", r"empty scheme text ':block32'; start with a value"),
-        ("q3s", r"unknown quantized value 'q3s'; use one of"),
+        ("q9s", r"unknown quantized value 'q9s'; use one of"),
         ("q8s:block32:fp8", r"unknown token 'fp8' in scheme text 'q8s:block32:fp8'"),
     ],
 )

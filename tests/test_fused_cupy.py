@@ -129,7 +129,7 @@ def test_module_imports_without_cupy_and_is_unverified():
         ("nvfp4", (2, 3, 40), ""),
         ("mxfp4", (64,), ""),
         ("e2m1:block32:ue8m0:packed_native:ocp", (2, 64), ""),
-        ("q4f:block32:lookup", (2, 64), "lookup tables are not fused"),
+        ("q4f:block32:lookup", (2, 64), "lookup mode is not fused"),
         ("q2s:block4x8:f32:native", (8, 16), "blocks spanning more than the last axis are not fused"),
         ("q4s:block4:bf16:packed_u32:1", (4, 8), "packing along an axis other than the last is not fused"),
         ("q8s", (), "0-d data is not fused"),

@@ -316,7 +316,7 @@ def test_supports_reasons() -> None:
     assert why("q4s:block32:f16", (4, 64)) == ""
     assert why("nvfp4", (3, 5, 16)) == ""
     assert why("q8s:native", (7,)) == ""
-    assert why("q4f:lookup", (4, 64)) == "lookup tables are not fused"
+    assert why("q4f:lookup", (4, 64)) == "lookup mode is not fused"
     assert why("q4s:block4x32:f16", (8, 64)) == "blocks spanning more than the last axis are not fused"
     assert why("q4s:packed_u32:1", (8, 64)) == "packing along an axis other than the last is not fused"
     assert why("q4s:packed_u32:1", (8, 1, 64)) == "packing along an axis other than the last is not fused"

@@ -255,8 +255,8 @@ def test_other_dtypes_decline(dtype):
 @pytest.mark.parametrize(
     ("scheme", "shape", "reason"),
     [
-        ("nf4", (4, 64), "lookup tables are not fused"),
-        ("q4s:lookup", (4, 64), "lookup tables are not fused"),
+        ("nf4", (4, 64), "lookup mode is not fused"),
+        ("q4s:lookup", (4, 64), "lookup mode is not fused"),
         ("q4s:block4x8:f16", (8, 16), "blocks spanning more than the last axis are not fused"),
         ("q4s:packed_u32:1", (8, 16), "packing along an axis other than the last is not fused"),
         ("q4s:packed_u32:1", (16,), "the packed axis does not exist for this rank"),

@@ -50,7 +50,10 @@ def _write(
     kv: list[tuple[str, Any, Any, Any]] = (),
     arch: str = "llama",
 ) -> None:  # type: ignore[assignment]
-    """A GGUF file by gguf-py: tensors (name, float data, GGUF type) quantized by gguf.quants."""
+    """A GGUF file by gguf-py: tensors (name, float data, GGUF type) quantized by gguf.quants.
+
+    uint8 data of a quantized type is taken as that type's bytes, as they are (rows of blocks).
+    """
     w = gguf.GGUFWriter(str(path), arch)
     for key, value, vtype, sub in kv:
         w.add_key_value(key, value, vtype, sub_type=sub)
@@ -58,6 +61,8 @@ def _write(
         qtype = GT[type_name]
         if type_name in ("F32", "F16", "F64", "I8", "I16", "I32", "I64"):
             w.add_tensor(name, data)
+        elif data.dtype == np.uint8:
+            w.add_tensor(name, data, raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     w.write_header_to_file()
@@ -77,6 +82,21 @@ def _block(type_name: str) -> int:
 
 
 SHAPES = [(2, 1), (3, 4, 2), (6,)]  # in blocks of the type: (rows..., blocks per row)
+
+
+def _q6_k(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
+    """Q6_K bytes (a type gguf-py only dequantizes): ql, qh and int8 scales at random, f16 d = 0.01."""
+    raw = rng.integers(0, 256, (rows, blocks, 210), dtype=np.uint8)
+    raw[..., 208:] = np.array([0.01], "<f2").view(np.uint8)  # block_q6_K: ql[128], qh[64], scales[16], d
+    return raw.reshape(rows, blocks * 210)
+
+
+def _negative_d(raw: np.ndarray, type_name: str, block: int) -> np.ndarray:
+    """gguf-py's bytes with block ``block``'s f16 d (its first two bytes) negated: no arrayquant tensor."""
+    size = gguf.GGML_QUANT_SIZES[GT[type_name]][1]
+    out = raw.copy().reshape(-1, size)
+    out[block, 1] |= 0x80  # the f16 sign bit
+    return out.reshape(raw.shape)
 
 
 def _data(rng: np.random.Generator, type_name: str, shape_in_blocks: tuple[int, ...]) -> np.ndarray:
@@ -122,13 +142,13 @@ def test_gguf_py_files_read_bit_for_bit(tmp_path: Path, type_name: str, blocks: 
     np.testing.assert_array_equal(_bits(_as_floats(loaded["w.weight"])), _bits(expected))
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "TQ1_0", "TQ2_0", "MXFP4"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4"])
 def test_exact_types_come_as_quantized_tensors(tmp_path: Path, type_name: str) -> None:
     # no all-zero block; for Q4_0 a negative extreme in every block: ggml writes d = max / -8, so a
     # positive extreme gives d < 0 with q = 0, which no arrayquant code matches (read as floats)
     rng = np.random.default_rng(40 + len(type_name))
     x = rng.uniform(0.5, 2.0, (3, 2 * _block(type_name))).astype(np.float32)
-    x *= -1 if type_name == "Q4_0" else rng.choice([-1, 1], (3, 1)).astype(np.float32)
+    x *= -1 if type_name in ("Q4_0", "Q5_0") else rng.choice([-1, 1], (3, 1)).astype(np.float32)
     path = tmp_path / "e.gguf"
     _write(path, [("w", x, type_name)])
     ((_, value, note),) = list(G.iter_tensors(path))
@@ -142,12 +162,20 @@ def test_exact_types_come_as_quantized_tensors(tmp_path: Path, type_name: str) -
 def test_types_not_schemes_say_why(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     path = tmp_path / "m.gguf"
-    _write(path, [("a", _data(rng, "Q4_1", (2, 1)), "Q4_1"), ("b", _data(rng, "Q5_1", (2, 1)), "Q5_1")])
-    notes = {n: note for n, _, note in G.iter_tensors(path)}
-    assert notes == {
-        "a": "Q4_1 read as float32 values: its blocks are not an arrayquant scheme",
-        "b": "Q5_1 read as float32 values: its blocks are not an arrayquant scheme",
+    q41 = _negative_d(gguf.quants.quantize(_data(rng, "Q4_1", (2, 2)), GT.Q4_1), "Q4_1", 3)
+    d = float(q41.reshape(4, 20)[3, :2].view("<f2")[0])
+    assert d < 0
+    _write(path, [("a", q41, "Q4_1"), ("b", _q6_k(rng, 2, 1), "Q6_K")])
+    items = list(G.iter_tensors(path))
+    assert {n: note for n, _, note in items} == {
+        "a": f"Q4_1 read as float32 values: Q4_1 block 3 (row (1,), block 1 of the row) has d = {d}: arrayquant's "
+        "offset-mode scales are >= 0 (ggml writes d = (max - min) / qmax, never negative)",
+        "b": "Q6_K read as float32 values: its blocks are not an arrayquant scheme",
     }
+    reader = gguf.GGUFReader(str(path))
+    for (_, value, _), t in zip(items, reader.tensors, strict=True):
+        assert not isinstance(value, aq.QuantizedTensor)
+        np.testing.assert_array_equal(_bits(value), _bits(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "int16", "int32", "int64"])
@@ -987,12 +1015,12 @@ def test_load_onto_another_backend(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     x = _data(rng, "Q8_0", (2, 1))
     path = tmp_path / "m.gguf"
-    _write(path, [("q", x, "Q8_0"), ("b", x[0].copy(), "F32"), ("k", x, "Q4_1")])
+    _write(path, [("q", x, "Q8_0"), ("b", x[0].copy(), "F32"), ("k", _q6_k(rng, 2, 1), "Q6_K")])
     out = G.load(path, backend="array_api_strict")
     assert isinstance(out["q"], aq.QuantizedTensor)
     strict = type(xp.asarray([1.0]))
     assert isinstance(out["b"], strict)
     assert isinstance(out["k"], strict)  # read as floats, then moved
     np.testing.assert_array_equal(np.asarray(out["b"]), x[0])
-    expected = gguf.quants.dequantize(np.asarray(gguf.GGUFReader(str(path)).tensors[2].data), GT.Q4_1)
+    expected = gguf.quants.dequantize(np.asarray(gguf.GGUFReader(str(path)).tensors[2].data), GT.Q6_K)
     np.testing.assert_array_equal(_bits(np.asarray(out["k"])), _bits(expected))

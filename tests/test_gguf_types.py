@@ -63,7 +63,7 @@ def f16(v: float) -> np.ndarray:
 # -- (a) bytes gguf-py writes -> decode -> aq.dequantize == gguf dequantize, bit for bit -----------
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dist", DISTS)
-@pytest.mark.parametrize("name", ["Q8_0", "TQ1_0", "TQ2_0", "MXFP4"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_1", "Q5_0", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4"])
 def test_gguf_written_reads_bit_for_bit(name: str, dist: str, shape: tuple[int, ...]) -> None:
     x = data(dist, shape)
     raw = gguf_raw(x, name)
@@ -128,6 +128,15 @@ ROUND_TRIP = [
     ("q8f:block32:f16", "Q8_0"),
     ("q8f:block32:f16:native", "Q8_0"),
     ("q4f:block32:f16", "Q4_0"),
+    ("u4:block32:f16:offset", "Q4_1"),
+    ("u4:block32:f16:native:offset", "Q4_1"),
+    ("u4:block32:f16:packed_native:offset", "Q4_1"),
+    ("q5f:block32:f16", "Q5_0"),
+    ("q5f:block32:f16:native", "Q5_0"),
+    ("q5f:block32:f16:packed_native", "Q5_0"),
+    ("u5:block32:f16:offset", "Q5_1"),
+    ("u5:block32:f16:native:offset", "Q5_1"),
+    ("u5:block32:f16:packed_native:offset", "Q5_1"),
     ("q2s:block256:f16", "TQ2_0"),
     ("q2s:block256:f16:native", "TQ2_0"),
     ("mxfp4", "MXFP4"),
@@ -158,6 +167,9 @@ def check_encoded(qt: aq.QuantizedTensor, name: str, raw: np.ndarray) -> None:
     expect_codes = np.where(codes == 8, 0, codes) if fp4 else codes
     np.testing.assert_array_equal(np.asarray(back.codes()), expect_codes)
     np.testing.assert_array_equal(bits(back.scales), bits(qt.scales))
+    assert (back.offset is None) == (qt.offset is None)
+    if qt.offset is not None:  # Q4_1 / Q5_1: the offsets m, bit for bit
+        np.testing.assert_array_equal(bits(back.offset), bits(qt.offset))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -432,10 +444,13 @@ def test_nvfp4_scale_0xff_not_exact() -> None:
     ("name", "why"),
     [
         ("Q4_K", "super-blocks of 256: f16 d and dmin times 6-bit integer scales and mins per 32 (affine, two levels)"),
-        ("q5_0", "5-bit codes (q - 16) * d; arrayquant has no 5-bit value kind"),
+        ("q6_k", "super-blocks of 256: f16 d times int8 scales per 16 over 6-bit codes (no 6-bit value)"),
         ("IQ2_XXS", "vector codebook (lattice grid of 4 or 8 values per index), not element-wise codes"),
         ("F16", "plain float16: passes through as an array"),
-        ("NOPE", "no arrayquant scheme maps it (those that do: Q8_0, Q4_0, TQ2_0, TQ1_0, MXFP4, NVFP4)"),
+        (
+            "NOPE",
+            "no arrayquant scheme maps it (those that do: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ2_0, TQ1_0, MXFP4, NVFP4)",
+        ),
     ],
 )
 def test_types_that_are_not_schemes(name: str, why: str) -> None:
@@ -457,6 +472,9 @@ def test_scheme_of_and_type_of() -> None:
     assert {n: gt.scheme_of(n).spelled_out() for n in gt.EXACT} == {
         "Q8_0": "q8f:block32:f16",
         "Q4_0": "q4f:block32:f16",
+        "Q4_1": "u4:block32:f16:offset",
+        "Q5_0": "q5f:block32:f16",
+        "Q5_1": "u5:block32:f16:offset",
         "TQ2_0": "q2s:block256:f16",
         "TQ1_0": "q2s:block256:f16",
         "MXFP4": "e2m1:block32:ue8m0:packed_native",
@@ -471,12 +489,17 @@ def test_scheme_of_and_type_of() -> None:
     assert gt.type_of(parse("nvfp4")) == "NVFP4"
     others = ["q8s:block32:f16", "q8f:block32:bf16", "q8f:block64:f16", "q4f:block32:f16:tensor:f32", "q2s:block256"]
     others += ["mxfp8", "nf4", "q8f:block2x32:f16", "e2m1:block16:ue4m3:tensor:f16"]
+    others += ["u4:block32:f16:zero_point", "u4:block32:bf16:offset", "u4:block64:f16:offset", "u5:block32:f32:offset"]
+    others += ["q5s:block32:f16", "q4f:block32:f16:zero_point", "u8:block32:f16:offset"]
     for other in others:
         assert gt.type_of(parse(other)) is None, other
     assert gt.type_of("q8_0") is None
 
 
-@pytest.mark.parametrize(("alias", "name"), [("q8_0", "Q8_0"), ("Q4_0", "Q4_0"), ("tq2_0", "TQ2_0")])
+ALIASES = [("q8_0", "Q8_0"), ("Q4_0", "Q4_0"), ("tq2_0", "TQ2_0"), ("q4_1", "Q4_1"), ("q5_0", "Q5_0"), ("Q5_1", "Q5_1")]
+
+
+@pytest.mark.parametrize(("alias", "name"), ALIASES)
 def test_gguf_names_as_scheme_names(alias: str, name: str) -> None:
     scheme = aq.QuantScheme.parse(alias)
     assert scheme == gt.scheme_of(name)
@@ -535,7 +558,8 @@ def test_encode_errors() -> None:
         gt.encode(qt)
     assert str(err.value) == (
         "scheme q8s:block32:f16 has no GGUF block type; the schemes that map (any store) are: q8f:block32:f16 -> "
-        "Q8_0; q4f:block32:f16 -> Q4_0; q2s:block256:f16 -> TQ2_0; mxfp4 -> MXFP4; "
+        "Q8_0; q4f:block32:f16 -> Q4_0; u4:block32:f16:offset -> Q4_1; q5f:block32:f16 -> Q5_0; "
+        "u5:block32:f16:offset -> Q5_1; q2s:block256:f16 -> TQ2_0; mxfp4 -> MXFP4; "
         "e2m1:block16:ue4m3:packed_native -> NVFP4; and nvfp4 (two-level) -> NVFP4 with its per-tensor scale as a "
         "separate F32 tensor"
     )

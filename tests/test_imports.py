@@ -8,8 +8,8 @@ Layers over the whole package, lowest first (a module imports from its own layer
   2  ``invariants``                               checks before any kernel runs
   3  ``kernels``                                  portable Array API kernels
   4  ``backends``                                 the shim choosing array libraries and devices
-  5  ``storage``, ``blockwork``, ``chunks``,       stored values, block walks, slabs, conversion
-     ``convert``
+  5  ``storage``, ``blockwork``, ``affinework``,  stored values, block walks, slabs, conversion
+     ``chunks``, ``convert``
   6  ``tensor``                                   :class:`QuantizedTensor`, the data type
   7  ``fused``                                    one-library fused kernels (Numba, CuPy)
   8  ``lazy``                                     out-of-core (Dask) drivers
@@ -53,6 +53,7 @@ LAYERS = {
     "backends": 4,
     "storage": 5,
     "blockwork": 5,
+    "affinework": 5,
     "chunks": 5,
     "convert": 5,
     "tensor": 6,

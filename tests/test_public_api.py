@@ -119,22 +119,33 @@ def test_every_public_name_is_documented() -> None:
 
 
 def test_quant_value() -> None:
-    assert [v.name for v in aq.QuantValue] == ["Q8F", "Q4F", "Q2F", "Q8S", "Q4S", "Q2S", "E4M3", "E5M2", "E2M1"]
+    burn = ["Q8F", "Q4F", "Q2F", "Q8S", "Q4S", "Q2S", "E4M3", "E5M2", "E2M1"]
+    wider = ["Q7F", "Q6F", "Q5F", "Q3F", "Q7S", "Q6S", "Q5S", "Q3S", "U8", "U7", "U6", "U5", "U4", "U3", "U2", "U1"]
+    assert [v.name for v in aq.QuantValue] == burn + wider
     bits = {"Q8F": 8, "Q4F": 4, "Q2F": 2, "Q8S": 8, "Q4S": 4, "Q2S": 2, "E4M3": 8, "E5M2": 8, "E2M1": 4}
+    bits |= {"Q7F": 7, "Q6F": 6, "Q5F": 5, "Q3F": 3, "Q7S": 7, "Q6S": 6, "Q5S": 5, "Q3S": 3}
+    bits |= {"U8": 8, "U7": 7, "U6": 6, "U5": 5, "U4": 4, "U3": 3, "U2": 2, "U1": 1}
     ranges = {
         "Q8F": (-128, 127), "Q4F": (-8, 7), "Q2F": (-2, 1), "Q8S": (-127, 127), "Q4S": (-7, 7), "Q2S": (-1, 1),
         "E4M3": (-448.0, 448.0), "E5M2": (-57344.0, 57344.0), "E2M1": (-6.0, 6.0),
+        "Q7F": (-64, 63), "Q6F": (-32, 31), "Q5F": (-16, 15), "Q3F": (-4, 3),
+        "Q7S": (-63, 63), "Q6S": (-31, 31), "Q5S": (-15, 15), "Q3S": (-3, 3),
+        "U8": (0, 255), "U7": (0, 127), "U6": (0, 63), "U5": (0, 31), "U4": (0, 15), "U3": (0, 7), "U2": (0, 3),
+        "U1": (0, 1),
     }  # fmt: skip
     for v in aq.QuantValue:
         assert v.bits == bits[v.name]
         assert v.range == ranges[v.name]
         assert v.is_float is v.name.startswith("E")
+        assert v.is_unsigned is v.name.startswith("U")
+        assert v.is_burn is (v.name in burn)
     assert aq.QuantScheme().with_value("q8s").value is aq.QuantValue.Q8S
     assert aq.QuantScheme().with_value("Q8S").value is aq.QuantValue.Q8S
 
 
 def test_quant_mode_and_calibration() -> None:
-    assert [m.name for m in aq.QuantMode] == ["SYMMETRIC", "LOOKUP"]
+    assert [m.name for m in aq.QuantMode] == ["SYMMETRIC", "LOOKUP", "ZERO_POINT", "OFFSET"]
+    assert [m.is_affine for m in aq.QuantMode] == [False, False, True, True]
     assert [c.name for c in aq.Calibration] == ["MINMAX", "ABSMEAN", "MSE", "PERCENTILE", "FOUR_OVER_SIX", "GGML"]
     assert aq.MSE() == aq.MSE(grid=100, max_shrink=0.2, norm=2.4)
     assert aq.Percentile().q == 99.9
@@ -227,9 +238,9 @@ def test_quant_scheme_presets_and_text() -> None:
 
 def test_qparams() -> None:
     sig = inspect.signature(aq.QParams)
-    assert list(sig.parameters) == ["scales", "global_scale", "table"]
-    assert sig.parameters["global_scale"].default is None
-    assert sig.parameters["table"].default is None
+    assert list(sig.parameters) == ["scales", "global_scale", "table", "zero_point", "offset"]
+    for name in ("global_scale", "table", "zero_point", "offset"):
+        assert sig.parameters[name].default is None
     p = aq.QParams(scales=np.ones(1, np.float32))
     assert p.global_scale is None
     assert p.table is None
@@ -297,8 +308,15 @@ def test_quantized_tensor_attributes() -> None:
     assert qt.scales.dtype == np.float32
     assert qt.global_scale is None
     assert qt.table is None
+    assert qt.zero_point is None
+    assert qt.offset is None
     assert qt.codes().dtype == np.int8
     assert qt.nbytes == aq.quantized_nbytes(qt.scheme, qt.shape)
+    zp = aq.quantize(x, "u8:block2:f16:zero_point")
+    assert zp.codes().dtype == np.uint8
+    assert zp.zero_point.dtype == np.uint8
+    assert zp.zero_point.shape == (1, 2)
+    assert aq.quantize(x, "u8:block2:f16:offset").offset.dtype == np.float32
     assert callable(qt.to_device)
     assert callable(qt.to_backend)
     with pytest.raises(dataclasses.FrozenInstanceError):

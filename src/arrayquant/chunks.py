@@ -28,20 +28,24 @@ class Chunk:
 
 
 def row_chunks(
-    shape: tuple[int, ...], block0: int, packed_axis: int | None, per_word: int, chunked: bool
+    shape: tuple[int, ...], block0: int, packed_axis: int | None, pack: tuple[int, int], chunked: bool
 ) -> list[Chunk]:
-    """Split axis 0 into slabs aligned to whole blocks (and whole words when packing axis 0)."""
+    """Split axis 0 into slabs aligned to whole blocks (and whole packing units when packing axis 0).
+
+    ``pack`` is ``(fields, words)``: the packed axis's smallest run of fields filling whole words.
+    """
     n0 = shape[0]
     unit = block0
+    per, words = pack
     if packed_axis == 0:
-        unit = math.lcm(unit, per_word)
+        unit = math.lcm(unit, per)
     row = math.prod(shape[1:])
     step = max(unit, (CHUNK_ELEMENTS // max(row, 1)) // unit * unit) if chunked else n0
     out = []
     for r0 in range(0, n0, step):
         r1 = min(r0 + step, n0)
         grid = slice(r0 // block0, -(-r1 // block0))
-        stored = slice(r0 // per_word, -(-r1 // per_word)) if packed_axis == 0 else slice(r0, r1)
+        stored = slice(r0 // per * words, -(-r1 * words // per)) if packed_axis == 0 else slice(r0, r1)
         out.append(Chunk(slice(r0, r1), grid, stored))
     return out
 

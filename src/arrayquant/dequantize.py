@@ -6,15 +6,16 @@ from typing import Any
 
 import array_api_compat as compat
 
+from .affinework import AffineSteps
 from .backends import dask_graph, shim
 from .blockwork import Steps, cast_saturating
 from .chunks import Sink, row_chunks
 from .errors import DTypeError, ParamsError
-from .invariants import Plan, check_params, check_shape, is_real_float, namespace_of, plan_for
+from .invariants import Plan, check_params, check_shape, check_zero, is_real_float, namespace_of, plan_for
 from .kernels import effective_scale
-from .lazy import dequantize_lazy
+from .lazy import dequantize_affine_lazy, dequantize_lazy
 from .scheme import QParams
-from .storage import check_values, fields_per_word
+from .storage import check_values, pack_unit
 from .tensor import QuantizedTensor
 
 __all__ = ["dequantize"]
@@ -24,7 +25,8 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     """The float array a quantized tensor stands for, in ``dtype`` (default: the original).
 
     Values are ``eff * decode(code)`` computed in f32 (``eff`` the stored scale, times the global
-    of a two-level scheme), saturating at the f32 maximum, then cast to ``dtype``.
+    of a two-level scheme), saturating at the f32 maximum, then cast to ``dtype``. Affine schemes
+    give ``(q - z) * s`` (zero point) or ``d * q + m`` (offset), in f32 the same way.
 
     Parameters
     ----------
@@ -65,8 +67,9 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     xp = namespace_of(qt.values, "qt.values")
     device = compat.device(qt.values)
     shape = check_shape(qt.shape, "qt.shape")
-    stored = QParams(qt.scales, qt.global_scale, qt.table)
+    stored = QParams(qt.scales, qt.global_scale, qt.table, qt.zero_point, qt.offset)
     scales, glob, tab = check_params(stored, plan, shape, xp, device, what="qt")
+    zero = check_zero(stored, plan, shape, xp, device, what="qt")
     out_dtype = qt.dtype if dtype is None else dtype
     if isinstance(out_dtype, str):
         name = out_dtype.strip().lower()
@@ -81,6 +84,8 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
         msg = f"dtype {out_dtype} is not a real floating dtype of {xp.__name__}; dequantize to e.g. xp.float32"
         raise DTypeError(msg)
     check_values(qt.values, plan, shape, xp)
+    if plan.affine:
+        return _dequantize_affine(qt, plan, scales, zero, out_dtype, xp, device)
     if dask_graph.handles(qt.values):
         with shim.quiet(xp):
             return dequantize_lazy(qt, plan, scales, glob, tab, out_dtype)
@@ -93,7 +98,7 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
     dims = plan.block_dims(shape)
     axis = plan.packed_axis(rank)
     n_axis = shape[axis] if axis is not None else 0
-    chunks = row_chunks(shape, dims[0] if dims else 1, axis, fields_per_word(plan), shim.slab_friendly(qt.values))
+    chunks = row_chunks(shape, dims[0] if dims else 1, axis, pack_unit(plan), shim.slab_friendly(qt.values))
     steps = Steps(plan, shape)
     with shim.quiet(xp):
         eff = effective_scale(scales, glob, plan, xp=xp)
@@ -102,6 +107,36 @@ def dequantize(qt: QuantizedTensor, dtype: Any = None) -> Any:
             n_packed = c.rows.stop - c.rows.start if axis == 0 else n_axis
             y = steps.decode(qt.values[c.stored, ...], eff[c.grid, ...] if dims else eff, tab, n_packed, xp=xp)
             out.put(c.rows, cast_saturating(y, out_dtype, xp=xp))
+        return out.result
+
+
+def _dequantize_affine(
+    qt: QuantizedTensor, plan: Plan, scales: Any, zero: Any, out_dtype: Any, xp: Any, device: Any
+) -> Any:
+    shape = qt.shape
+    if dask_graph.handles(qt.values):
+        with shim.quiet(xp):
+            return dequantize_affine_lazy(qt, plan, scales, zero, out_dtype)
+    from .fused import registry
+
+    kernel = registry.affine_dequantize_kernel(qt.values, plan, shape)
+    y = None if kernel is None else kernel(qt.values, scales, zero, plan, shape)
+    if y is not None:  # the same f32 bits (tests/test_fused_affine.py)
+        with shim.quiet(xp):
+            return cast_saturating(y, out_dtype, xp=xp)
+    dims = plan.block_dims(shape)
+    axis = plan.packed_axis(len(shape))
+    n_axis = shape[axis] if axis is not None else 0
+    chunks = row_chunks(shape, dims[0] if dims else 1, axis, pack_unit(plan), shim.slab_friendly(qt.values))
+    steps = AffineSteps(plan, shape)
+    with shim.quiet(xp):
+        kx = shim.kernel_namespace(xp)
+        out = Sink(len(chunks), shape, out_dtype, xp, device)
+        for c in chunks:
+            n_packed = c.rows.stop - c.rows.start if axis == 0 else n_axis
+            s_c, z_c = (scales[c.grid, ...], zero[c.grid, ...]) if dims else (scales, zero)
+            y = steps.decode(qt.values[c.stored, ...], s_c, z_c, n_packed, xp=kx)
+            out.put(c.rows, cast_saturating(y, out_dtype, xp=kx))
         return out.result
 
 

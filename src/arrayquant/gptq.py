@@ -22,18 +22,31 @@ input axis) gets its scale when the loop reaches the group's first column, from 
 rounded up by :func:`quantize`. (The reference reads the group from ``W``, whose columns inside
 the current column block lag behind the in-block updates; here the group's values are brought
 up to date first.) With act-order a group's columns are no longer visited together, so, as the
-reference's ``static_groups`` and llm-compressor's ``actorder="weight"`` do, every group's scale
-is computed before the loop from the (dead-column-zeroed) original weights; the stored layout
+reference's ``static_groups`` and llm-compressor's ``actorder="weight"`` do, every group's
+parameters are computed before the loop from the (dead-column-zeroed) original weights; the stored layout
 stays the scheme's contiguous groups in the original column order (no ``g_idx`` is needed). A
 two-level scheme (NVFP4) keeps the per-tensor scale of the original weights' MinMax, and each
 block scale is normalised under it. Per-tensor and per-row schemes (a block spanning the whole
 input axis) have one group, calibrated on the initial weights, as the reference's
 ``groupsize=-1``.
 
-Each column is quantized with its group's scale by :func:`quantize` itself, and the result is
-``quantize(U, scheme, params=QParams(scales, global_scale))`` of the matrix ``U`` of the columns
-as they were when quantized: the codes and stored scales are exactly arrayquant's quantization of
-those updated weights.
+Affine schemes (zero point ``x = s * (q - z)``, offset ``x = d * q + m``) get their second
+parameter the same way, at the same moment and from the same weights as the scale: this is the
+reference's asymmetric quantizer (``Quantizer.find_params`` with ``sym=False``: the range
+extended to hold 0, ``scale = (xmax - xmin) / maxq``, ``zero = round(-xmin / scale)``, codes
+``clamp(round(x / scale) + zero, 0, maxq)``, values ``scale * (q - zero)``; IST-DASLab's
+``quant.py``, AutoGPTQ's ``auto_gptq/quantization/quantizer.py``) under arrayquant's own affine
+rule (:mod:`arrayquant.kernels.affine`): the scale is rounded up onto the scale dtype *before*
+``z = clip(round_half_even(qmin - min(lo, 0) / s), qmin, qmax)`` is computed from it, so the
+error feedback sees the parameters that are stored; the offset mode takes ``m = lo`` rounded
+down and ``d = (hi - m) / qmax`` rounded up. A group of zeros stores ``s = 0, z = 0`` (the
+reference widens it to ``[-1, 1]``; both read back as zeros).
+
+Each column is quantized with its group's parameters by :func:`quantize` itself, and the result
+is ``quantize(U, scheme, params=QParams(scales, global_scale))`` (``QParams(scales,
+zero_point=z)`` or ``QParams(scales, offset=m)`` for the affine modes) of the matrix ``U`` of the
+columns as they were when quantized: the codes and stored scales (and zero points or offsets) are
+exactly arrayquant's quantization of those updated weights.
 
 Precision and backends: the linear algebra runs in float32 as the references do
 (``GPTQ_PRECISION = torch.float32``), through the Array API ``linalg`` extension
@@ -62,7 +75,7 @@ from .backends import shim
 from .dequantize import dequantize
 from .errors import DTypeError, NonFiniteInputError, ParamsError, SchemeError, ShapeError
 from .quantize import compute_q_params, compute_range, quantize
-from .scheme import QParams, QuantScheme
+from .scheme import QParams, QuantMode, QuantScheme
 from .tensor import QuantizedTensor
 
 __all__ = ["GPTQResult", "gptq_quantize", "gptq_solve"]
@@ -74,7 +87,8 @@ class GPTQResult(NamedTuple):
     ``tensor`` is the quantized weight; ``updated`` the f32 weight columns as GPTQ quantized them
     (after the error feedback, in the original column order), and ``params`` the unrounded
     scales (and global scale) such that ``quantize(updated, scheme, params=params)`` is
-    ``tensor`` bit for bit.
+    ``tensor`` bit for bit. For an affine scheme ``params`` holds the stored scales with the
+    zero points (``zero_point``, in the codes' dtype) or the offsets (``offset``, f32).
     """
 
     tensor: QuantizedTensor
@@ -102,7 +116,8 @@ def gptq_quantize(
     scheme : QuantScheme or str
         A per-tensor scheme or a block scheme whose blocks run along the input axis (``[G]`` or
         ``[1, G]``): ``"q4s:block32:f16"``, ``"mxfp4"``, ``"nvfp4"``, ``"e4m3:block4096:f32"`` (one
-        scale per row when the block spans the row).
+        scale per row when the block spans the row), and the affine ``"u4:block128:bf16:zero_point"``,
+        ``"q4f:block32:f16:zero_point"``, ``"u4:block32:f16:offset"`` (``"q4_1"``).
     hessian : array, optional
         ``H = X.T @ X`` (any positive multiple), ``(in_features, in_features)``, finite.
     activations : array, optional
@@ -147,6 +162,9 @@ def gptq_quantize(
     >>> qt = gptq_quantize(w, "q4s:block32:f16", activations=x)
     >>> qt.scales.shape
     (8, 2)
+    >>> qt = gptq_quantize(w, "u4:block32:f16:zero_point", activations=x)
+    >>> qt.zero_point.dtype, qt.zero_point.shape
+    (dtype('uint8'), (8, 2))
     """
     return gptq_solve(
         w, scheme, hessian=hessian, activations=activations, damp=damp, block_size=block_size, act_order=act_order
@@ -171,6 +189,18 @@ def gptq_solve(
     -------
     GPTQResult
         ``(tensor, updated, params)``: ``quantize(updated, scheme, params=params)`` is ``tensor``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import arrayquant as aq
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.standard_normal((8, 64)).astype(np.float32)
+    >>> x = rng.standard_normal((256, 64)).astype(np.float32)
+    >>> r = gptq_solve(w, "u4:block32:f16:offset", activations=x)
+    >>> again = aq.quantize(r.updated, "u4:block32:f16:offset", params=r.params)
+    >>> bool(np.array_equal(again.values, r.tensor.values) and np.array_equal(again.offset, r.tensor.offset))
+    True
     """
     scheme = QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme
     if not isinstance(scheme, QuantScheme):
@@ -200,7 +230,13 @@ def gptq_solve(
     return GPTQResult(
         result.tensor.to_backend("dask"),
         back(result.updated),
-        QParams(scales=back(p.scales), global_scale=back(p.global_scale), table=back(p.table)),
+        QParams(
+            scales=back(p.scales),
+            global_scale=back(p.global_scale),
+            table=back(p.table),
+            zero_point=back(p.zero_point),
+            offset=back(p.offset),
+        ),
     )
 
 
@@ -302,7 +338,8 @@ def _upper_inverse_factor(xp: Any, h: Any, damp: float) -> Any:
 
 
 class _Scales:
-    """Group scales under arrayquant's rule; two-level block scales under a fixed global."""
+    """Group parameters under arrayquant's rule: scales, the zero points or offsets of an affine
+    scheme, and two-level block scales under a fixed global."""
 
     def __init__(self, xp: Any, scheme: QuantScheme, w0: Any) -> None:
         self.xp = xp
@@ -310,26 +347,40 @@ class _Scales:
         self.glob = None
         self.table = None
         self.one_level = scheme
+        self.mode = scheme.mode
         if scheme.is_two_level:
             # the global comes from the original weights' MinMax, as quantize() would give it
             self.glob = compute_q_params(scheme, *compute_range(w0, scheme)).global_scale
             self.one_level = dataclasses.replace(scheme, tensor=None)
 
-    def of(self, v: Any) -> Any:
-        """Unrounded scales of the weights ``v`` (one group wide): ``(rows, 1)``, or ``(1,)`` per tensor."""
+    def of(self, v: Any) -> tuple[Any, Any]:
+        """``(scales, zero)`` of the weights ``v`` (one group wide): ``(rows, 1)`` each, or ``(1,)`` per tensor.
+
+        Symmetric and lookup schemes: unrounded scales, ``zero`` None. Affine schemes: the MinMax
+        parameters of :func:`compute_q_params`, i.e. stored scales with the zero points (code
+        dtype) computed from them, or stored offsets (f32) and the scales computed from those.
+        """
         p = compute_q_params(self.one_level, *compute_range(v, self.scheme))
         self.table = p.table
+        if self.mode is QuantMode.ZERO_POINT:
+            return p.scales, p.zero_point
+        if self.mode is QuantMode.OFFSET:
+            return p.scales, p.offset
         if self.glob is None:
-            return p.scales
+            return p.scales, None
         # the same single f32 division as quantize's two-level normalisation
-        return self.xp.divide(p.scales, self.xp.reshape(self.glob, (1, 1)))
+        return self.xp.divide(p.scales, self.xp.reshape(self.glob, (1, 1))), None
 
-    def params(self, scales: Any) -> QParams:
+    def params(self, scales: Any, zero: Any) -> QParams:
+        if self.mode is QuantMode.ZERO_POINT:
+            return QParams(scales=scales, zero_point=zero)
+        if self.mode is QuantMode.OFFSET:
+            return QParams(scales=scales, offset=zero)
         return QParams(scales=scales, global_scale=self.glob, table=self.table)
 
-    def fake(self, col: Any, scales: Any) -> Any:
-        """``col`` (rows,) quantized with ``scales`` and dequantized, exactly as in the final tensor."""
-        qt = quantize(self.xp.reshape(col, (-1, 1)), self.scheme, params=self.params(scales))
+    def fake(self, col: Any, group: tuple[Any, Any]) -> Any:
+        """``col`` (rows,) quantized with its group's parameters and dequantized, exactly as in the final tensor."""
+        qt = quantize(self.xp.reshape(col, (-1, 1)), self.scheme, params=self.params(*group))
         return self.xp.reshape(dequantize(qt), (-1,))
 
 
@@ -347,13 +398,13 @@ def _solve(
     scales = _Scales(xp, scheme, w0)
     width = cols if group is None else group
     n_groups = -(-cols // width)
-    group_scales: list[Any] = [None] * n_groups
+    group_params: list[Any] = [None] * n_groups  # (scales, zero points / offsets or None) per group
     perm = None
     order = list(range(cols))
     if act_order:
         # static groups: a group's columns are scattered over the visit order
         for g in range(n_groups):
-            group_scales[g] = scales.of(weights[:, g * width : (g + 1) * width])
+            group_params[g] = scales.of(weights[:, g * width : (g + 1) * width])
         perm = xp.argsort(xp.sum(h * eye, axis=1), descending=True, stable=True)
         order = [int(i) for i in perm]
         weights = xp.take(weights, perm, axis=1)
@@ -369,7 +420,7 @@ def _solve(
         for i in range(i2 - i1):
             j = i1 + i
             g = order[j] // width
-            if group_scales[g] is None:  # no act-order: the group starts here, at its current values
+            if group_params[g] is None:  # no act-order: the group starts here, at its current values
                 end = min(j + width, cols)
                 current = w1[:, i : min(end, i2) - i1]
                 if end > i2:  # the group runs past this block: apply the block's pending updates
@@ -377,9 +428,9 @@ def _solve(
                     if errs:
                         ahead = ahead - xp.matmul(xp.stack(errs, axis=1), u[i1:j, i2:end])
                     current = xp.concat([current, ahead], axis=1)
-                group_scales[g] = scales.of(current)
+                group_params[g] = scales.of(current)
             col = w1[:, i]
-            q = scales.fake(col, group_scales[g])
+            q = scales.fake(col, group_params[g])
             done.append(col)
             err = (col - q) / u1[i, i]
             # the columns before i are spent; updating the whole block keeps the arrays immutable-friendly
@@ -392,7 +443,11 @@ def _solve(
     updated = xp.stack(done, axis=1)
     if perm is not None:
         updated = xp.take(updated, xp.argsort(perm, stable=True), axis=1)
-    grid = group_scales[0] if group is None else xp.concat(group_scales, axis=1)
-    params = scales.params(grid)
+    if group is None:
+        params = scales.params(*group_params[0])
+    else:
+        zeros = [p[1] for p in group_params]
+        zero = None if zeros[0] is None else xp.concat(zeros, axis=1)
+        params = scales.params(xp.concat([p[0] for p in group_params], axis=1), zero)
     tensor = quantize(updated, scheme, params=params)
     return GPTQResult(dataclasses.replace(tensor, dtype=w.dtype), updated, params)

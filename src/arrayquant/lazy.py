@@ -17,12 +17,14 @@ from typing import Any
 import array_api_compat as compat
 
 from . import fused
+from .affinework import AffineSteps
 from .backends import dask_graph, shim
 from .blockwork import Steps, cast_saturating, max_of
 from .chunks import Chunk, Sink, row_chunks
 from .fused import registry
 from .invariants import Plan, check_scale_values
 from .invariants import check_finite as check_data_finite
+from .invariants.params import check_zero_values
 from .invariants.plan import check_calibration_spec
 from .kernels import (
     block_scales,
@@ -33,12 +35,19 @@ from .kernels import (
     scales_from_absmax,
     store_scales,
 )
-from .kernels.search import count_below, element_weights, row_errors, select
-from .scheme import Calibration, ScaleDtype
-from .storage import fields_per_word, values_layout
+from .kernels.search import count_below, element_weights, error_unit, row_errors, select, signed_counts
+from .scheme import Calibration, QuantMode, ScaleDtype
+from .storage import pack_unit, values_layout
 from .tensor import QuantizedTensor
 
-__all__ = ["dequantize_lazy", "quantize_lazy", "range_lazy"]
+__all__ = [
+    "affine_range_lazy",
+    "dequantize_affine_lazy",
+    "dequantize_lazy",
+    "quantize_affine_lazy",
+    "quantize_lazy",
+    "range_lazy",
+]
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ def _units(plan: Plan, shape: tuple[int, ...]) -> list[int]:
     units = list(dims) if dims else [1] * rank
     axis = plan.packed_axis(rank)
     if axis is not None:
-        units[axis] = math.lcm(units[axis], fields_per_word(plan))
+        units[axis] = math.lcm(units[axis], pack_unit(plan)[0])
     return units
 
 
@@ -68,9 +77,9 @@ def _layout(plan: Plan, data: tuple[tuple[int, ...], ...]) -> _Layout:
     rank = len(data)
     dims = plan.block_dims(tuple(sum(sizes) for sizes in data))
     axis = plan.packed_axis(rank)
-    per_word = fields_per_word(plan)
+    per, words = pack_unit(plan)
     grid = tuple(tuple(-(-n // d) for n in sizes) for sizes, d in zip(data, dims, strict=True)) if dims else ((1,),)
-    values = tuple(tuple(-(-n // per_word) for n in sizes) if a == axis else sizes for a, sizes in enumerate(data))
+    values = tuple(tuple(-(-n * words // per) for n in sizes) if a == axis else sizes for a, sizes in enumerate(data))
     return _Layout(data, grid, values)
 
 
@@ -111,9 +120,7 @@ class _Chunked:
 
     def _slabs(self, xc: Any) -> list[Chunk]:
         plan, dims = self.steps.plan, self.steps.dims
-        return row_chunks(
-            tuple(xc.shape), dims[0] if dims else 1, plan.packed_axis(xc.ndim), fields_per_word(plan), True
-        )
+        return row_chunks(tuple(xc.shape), dims[0] if dims else 1, plan.packed_axis(xc.ndim), pack_unit(plan), True)
 
     def _verify(self, xc: Any, alpha: Any, xp: Any, block_id: tuple[int, ...]) -> None:
         if self.check and not bool(xp.all(xp.isfinite(alpha))):
@@ -326,7 +333,7 @@ class _Chunked:
                 return y
         xp = _ns(v)
         axis = plan.packed_axis(rank)
-        slabs = row_chunks(shape, self.steps.dims[0] if self.steps.dims else 1, axis, fields_per_word(plan), True)
+        slabs = row_chunks(shape, self.steps.dims[0] if self.steps.dims else 1, axis, pack_unit(plan), True)
         out = Sink(len(slabs), shape, xp.float32, xp, compat.device(v))
         with shim.quiet(xp):
             eff = effective_scale(stored, glob, plan, xp=xp)
@@ -337,13 +344,18 @@ class _Chunked:
         return out.result
 
 
-def _search_tensor_lazy(x: Any, steps: Steps, check: bool, amax: Any, tab: Any, imp: Any, xp: Any) -> Any:
-    """Per-tensor search as a graph: row errors per candidate over whole-row chunks, then a lazy choice."""
+def _whole_rows(x: Any) -> tuple[Any, Any, Any]:
+    """``x`` rechunked to whole rows, its chunk sizes, and the chunks of a per-row error column."""
     shape = tuple(int(n) for n in x.shape)
     rows = dask_graph.rechunk(x, (tuple(x.chunks[0]), *((n,) for n in shape[1:])))
     data = tuple(tuple(int(n) for n in sizes) for sizes in rows.chunks)
+    return rows, data, (data[0], *((1,) for _ in shape[1:]))
+
+
+def _search_tensor_lazy(x: Any, steps: Steps, check: bool, amax: Any, tab: Any, imp: Any, xp: Any) -> Any:
+    """Per-tensor search as a graph: row errors per candidate over whole-row chunks, then a lazy choice."""
+    rows, data, out_chunks = _whole_rows(x)
     chunked = _Chunked(steps, check, data)
-    out_chunks = (data[0], *((1,) for _ in shape[1:]))
     errors, alphas = [], []
     for f in steps.spec.factors:
         e = dask_graph.map_chunks(chunked.row_errors, [rows], [amax, tab, imp, f], out_chunks, xp.float32)
@@ -497,11 +509,12 @@ def dequantize_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, glob: Any, tab
     rank = len(shape)
     dims = plan.block_dims(shape)
     axis = plan.packed_axis(rank)
-    per_word = fields_per_word(plan)
+    per, unit_words = pack_unit(plan)
     data = [tuple(n for n in sizes if n) or (0,) for sizes in qt.values.chunks]  # no empty chunks
-    if axis is not None:  # words back to fields: every chunk but the last holds whole words
+    if axis is not None:  # words back to fields, about: the chunks are realigned to whole units below
         words = data[axis]
-        data[axis] = (*(n * per_word for n in words[:-1]), shape[axis] - per_word * sum(words[:-1]))
+        fields = [n * per // unit_words for n in words[:-1]]
+        data[axis] = (*fields, shape[axis] - sum(fields))
     layout = _layout(plan, dask_graph.aligned(tuple(data), _units(plan, shape)))
     values = dask_graph.rechunk(qt.values, layout.values)
     chunked = _Chunked(Steps(plan, shape), False, layout.data)
@@ -512,4 +525,285 @@ def dequantize_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, glob: Any, tab
         )
     else:
         y = dask_graph.map_chunks(chunked.decode, [values], [scales, glob, tab], layout.data, f32)
+    return cast_saturating(y, out_dtype, xp=compat.array_namespace(y))
+
+
+class _AffineChunked:
+    """The chunk functions of one affine quantization (zero point or offset), walked in row slabs."""
+
+    def __init__(self, steps: AffineSteps, check: bool, data: tuple[tuple[int, ...], ...]) -> None:
+        self.steps, self.check, self.data = steps, check, data
+
+    def _slabs(self, shape: tuple[int, ...]) -> list[Chunk]:
+        plan, dims = self.steps.plan, self.steps.dims
+        return row_chunks(shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), pack_unit(plan), True)
+
+    def _range(self, xc: Any, xp: Any, block_id: tuple[int, ...]) -> tuple[Any, Any]:
+        lo, hi = self.steps.range(xc, xp=xp)
+        if self.check and not bool(xp.all(xp.logical_and(xp.isfinite(lo), xp.isfinite(hi)))):
+            check_data_finite(xc, xp, origin=_origin(self.data, block_id))
+        return lo, hi
+
+    def low(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per tensor: the chunk's minimum (checked finite), shaped ``(1,) * rank``."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            return xp.reshape(self._range(xc, xp, block_id)[0], (1,) * xc.ndim)
+
+    def high(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per tensor: the chunk's maximum, shaped ``(1,) * rank``."""
+        xp = _ns(xc)
+        with shim.quiet(xp):
+            return xp.reshape(self._range(xc, xp, block_id)[1], (1,) * xc.ndim)
+
+    def top(self, xc: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor percentile: ``max|x|`` of the chunk (checked finite), shaped ``(1,) * rank``."""
+        xp = _ns(xc)
+        steps = self.steps
+        with shim.quiet(xp):
+            top = max_of(
+                [
+                    xp.reshape(xp.max(xp.abs(steps.finite(xc[c.rows, ...], xp=xp))), (1,))
+                    for c in self._slabs(tuple(xc.shape))
+                ],
+                xp=xp,
+            )
+            if self.check and not bool(xp.all(xp.isfinite(top))):
+                check_data_finite(xc, xp, origin=_origin(self.data, block_id))
+            return xp.reshape(top, (1,) * xc.ndim)
+
+    def signed_counts(self, xc: Any, sign: Any, value: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor percentile: per lane ``j``, how many ``sign[j] * x`` of the chunk lie below ``value[j]``.
+
+        Shaped ``(1,) * (rank - 1) + (2,)``: the lanes along the last axis.
+        """
+        xp = _ns(xc)
+        total = [0, 0]
+        with shim.quiet(xp):
+            for c in self._slabs(tuple(xc.shape)):
+                n = signed_counts(self.steps.finite(xc[c.rows, ...], xp=xp), sign, value, xp=xp)
+                total = [total[0] + int(n[0]), total[1] + int(n[1])]
+        return xp.reshape(xp.asarray(total, dtype=xp.int64, device=compat.device(xc)), (1,) * (xc.ndim - 1) + (2,))
+
+    def params(self, xc: Any, imp: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
+        """Per block: the chunk's stored scales and zero points (f32) or offsets, searched slab by slab for MSE."""
+        xp = _ns(xc)
+        steps = self.steps
+        slabs = self._slabs(tuple(xc.shape))
+        grid = steps.plan.grid_shape(tuple(xc.shape))
+        scales = Sink(len(slabs), grid, xp.float32, xp, compat.device(xc))
+        zeros = Sink(len(slabs), grid, xp.float32, xp, compat.device(xc))
+        with shim.quiet(xp):
+            for c in slabs:
+                xs = xc[c.rows, ...]
+                lo, hi = self._range(xs, xp, block_id)
+                if steps.searches:
+                    lo, hi = steps.search(xs, lo, hi, _chunk_columns(imp, self.data, xc, block_id, c), xp=xp)
+                s, z = steps.params(lo, hi, xp=xp)
+                scales.put(c.grid, s)
+                zeros.put(c.grid, z)
+        return scales.result, zeros.result
+
+    def bounds(self, xc: Any, block_id: tuple[int, ...] = ()) -> tuple[Any, Any]:
+        """Per block: the chunk's ranges (not checked), slab by slab."""
+        xp = _ns(xc)
+        slabs = self._slabs(tuple(xc.shape))
+        grid = self.steps.plan.grid_shape(tuple(xc.shape))
+        lows = Sink(len(slabs), grid, xp.float32, xp, compat.device(xc))
+        highs = Sink(len(slabs), grid, xp.float32, xp, compat.device(xc))
+        with shim.quiet(xp):
+            for c in slabs:
+                lo, hi = self.steps.range(xc[c.rows, ...], xp=xp)
+                lows.put(c.grid, lo)
+                highs.put(c.grid, hi)
+        return lows.result, highs.result
+
+    def row_errors(self, xc: Any, lo: Any, hi: Any, imp: Any, f: float, block_id: tuple[int, ...] = ()) -> Any:
+        """Per-tensor search: the error of each row of the chunk (whole rows) under candidate ``f``."""
+        xp = _ns(xc)
+        steps = self.steps
+        with shim.quiet(xp):
+            fa = xp.asarray([f], dtype=xp.float32, device=compat.device(lo))
+            lo_f, hi_f = xp.multiply(lo, fa), xp.multiply(hi, fa)
+            unit = error_unit(xp.maximum(xp.abs(lo), xp.abs(hi)), xp=xp)
+            rows = []
+            for c in self._slabs(tuple(xc.shape)):
+                xf = steps.finite(xc[c.rows, ...], xp=xp)
+                w = element_weights(
+                    tuple(xf.shape), _chunk_columns(imp, self.data, xc, block_id, c), xp=xp, device=compat.device(xf)
+                )
+                rows.append(row_errors(xf, steps.roundtrip(xf, lo_f, hi_f, xp=xp), unit, w, steps.spec.norm, xp=xp))
+            out = xp.concat(rows) if len(rows) > 1 else rows[0]
+            return xp.reshape(out, (int(xc.shape[0]),) + (1,) * (xc.ndim - 1))
+
+    def values(self, xc: Any, s: Any, zero: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """The chunk's stored values under its part of the grids; checks finiteness when no calibration did."""
+        xp = _ns(xc)
+        plan = self.steps.plan
+        vshape, vdtype = values_layout(plan, tuple(xc.shape))
+        slabs = self._slabs(tuple(xc.shape))
+        out = Sink(len(slabs), vshape, getattr(xp, vdtype), xp, compat.device(xc))
+        with shim.quiet(xp):
+            if self.check:
+                check_data_finite(xc, xp, origin=_origin(self.data, block_id))
+            for c in slabs:
+                s_c, z_c = (s[c.grid, ...], zero[c.grid, ...]) if self.steps.dims else (s, zero)
+                out.put(c.stored, self.steps.values(xc[c.rows, ...], s_c, z_c, xp=xp))
+        return out.result
+
+    def decode(self, v: Any, s: Any, zero: Any, block_id: tuple[int, ...] = ()) -> Any:
+        """The f32 data of a chunk of stored values."""
+        plan, rank = self.steps.plan, len(self.steps.shape)
+        shape = tuple(self.data[a][i] for a, i in enumerate(block_id))
+        xp = _ns(v)
+        axis = plan.packed_axis(rank)
+        slabs = self._slabs(shape)
+        out = Sink(len(slabs), shape, xp.float32, xp, compat.device(v))
+        with shim.quiet(xp):
+            for c in slabs:
+                n_packed = c.rows.stop - c.rows.start if axis == 0 else shape[axis] if axis is not None else 0
+                s_c, z_c = (s[c.grid, ...], zero[c.grid, ...]) if self.steps.dims else (s, zero)
+                out.put(c.rows, self.steps.decode(v[c.stored, ...], s_c, z_c, n_packed, xp=xp))
+        return out.result
+
+
+class _RefuseZero:
+    """A task that passes a chunk of static zero points (or offsets) on, once each is valid."""
+
+    def __init__(self, chunks: tuple[tuple[int, ...], ...], plan: Plan) -> None:
+        self.chunks, self.plan = chunks, plan
+
+    def __call__(self, z: Any, block_id: tuple[int, ...] = ()) -> Any:
+        xp = _ns(z)
+        field = "zero_point" if self.plan.mode is QuantMode.ZERO_POINT else "offset"
+        name = f"params.{field} (its chunk starting at {_origin(self.chunks, block_id)})"
+        if self.plan.mode is QuantMode.ZERO_POINT:
+            check_zero_values(z, name, self.plan, xp)
+        else:
+            check_scale_values(z, name, xp, signed=True)
+        return z
+
+
+def _chunk_columns(imp: Any, data: Any, xc: Any, block_id: tuple[int, ...], c: Chunk) -> Any:
+    """The importance weights of slab ``c`` of chunk ``xc`` (its columns of the whole vector), or None."""
+    if imp is None:
+        return None
+    off = _origin(data, block_id)[-1] if block_id else 0
+    if xc.ndim == 1:  # the slabs' rows are the columns
+        return imp[off + c.rows.start : off + c.rows.stop]
+    return imp[off : off + int(xc.shape[-1])]
+
+
+def quantize_affine_lazy(
+    x: Any, plan: Plan, given: Any, rounding: str, check: bool, spec: Any = None, imp: Any = None
+) -> QuantizedTensor:
+    """Quantize the dask array ``x`` (validated) under an affine scheme: MinMax, its MSE search (``spec``,
+    weighted by ``imp``), the percentile range (``spec``) or given ``(scales, zero)``."""
+    xp = shim.kernel_namespace(compat.array_namespace(x))
+    shape = tuple(int(n) for n in x.shape)
+    dims = plan.block_dims(shape)
+    x = dask_graph.rechunk(x, dask_graph.aligned(x.chunks, _units(plan, shape)))
+    layout = _layout(plan, tuple(x.chunks))
+    f32 = xp.float32
+    vdtype = getattr(xp, values_layout(plan, shape)[1])
+    steps = AffineSteps(plan, shape, rounding, scrub=not check, spec=spec if given is None else None)
+    chunked = _AffineChunked(steps, check, layout.data)
+    if given is not None:
+        scales_in, zero_in = given
+        scales_in = dask_graph.map_chunks(
+            _Refuse(scales_in.chunks, "params.scales"), [scales_in], [], scales_in.chunks, f32
+        )
+        zero_in = dask_graph.map_chunks(_RefuseZero(zero_in.chunks, plan), [zero_in], [], zero_in.chunks, f32)
+        s, zero = steps.stored(scales_in, zero_in, xp=xp)
+        values_fn = _AffineChunked(steps, check, layout.data).values
+    elif dims:
+        s, zero = dask_graph.map_chunks_pair(chunked.params, [x], [imp], (layout.grid, f32), (layout.grid, f32))
+        values_fn = _AffineChunked(steps, False, layout.data).values  # the params tasks checked every chunk
+    elif steps.percentile:
+        lo, hi = _affine_percentile_lazy(x, chunked, layout, xp)  # the max pass checks each chunk
+        s, zero = steps.params(lo, hi, xp=xp)
+        values_fn = _AffineChunked(steps, False, layout.data).values
+    else:
+        ones = tuple((1,) * len(c) for c in layout.data)
+        lo = xp.reshape(xp.min(dask_graph.map_chunks(chunked.low, [x], [], ones, f32)), (1,))
+        hi = xp.reshape(xp.max(dask_graph.map_chunks(chunked.high, [x], [], ones, f32)), (1,))
+        if steps.searches:
+            lo, hi = _search_affine_lazy(x, steps, check, lo, hi, imp, xp)
+        s, zero = steps.params(lo, hi, xp=xp)
+        values_fn = _AffineChunked(steps, False, layout.data).values
+    if dims:
+        s, zero = dask_graph.rechunk(s, layout.grid), dask_graph.rechunk(zero, layout.grid)
+        values = dask_graph.map_chunks(values_fn, [x, s, zero], [], layout.values, vdtype)
+    else:
+        values = dask_graph.map_chunks(values_fn, [x], [s, zero], layout.values, vdtype)
+    stored_zero = steps.as_stored_zero(zero, xp=xp)
+    if plan.mode is QuantMode.ZERO_POINT:
+        return QuantizedTensor(plan.scheme, shape, x.dtype, values, s, zero_point=stored_zero)
+    return QuantizedTensor(plan.scheme, shape, x.dtype, values, s, offset=stored_zero)
+
+
+def _affine_percentile_lazy(x: Any, chunked: _AffineChunked, layout: _Layout, xp: Any) -> tuple[Any, Any]:
+    """Per-tensor affine percentile as a graph: 32 counting passes (both ends in each), one small task per chunk."""
+    steps = chunked.steps
+    ones = tuple((1,) * len(c) for c in layout.data)
+    top = xp.reshape(xp.max(dask_graph.map_chunks(chunked.top, [x], [], ones, xp.float32)), (1,))
+    lanes = (*ones[:-1], (2,) * len(layout.data[-1]))
+
+    def count(sign: Any, value: Any) -> Any:
+        parts = dask_graph.map_chunks(chunked.signed_counts, [x], [sign, value], lanes, xp.int64)
+        if parts.ndim > 1:
+            parts = xp.sum(parts, axis=tuple(range(parts.ndim - 1)))
+        return xp.concat([xp.reshape(xp.sum(parts[j::2]), (1,)) for j in range(2)])
+
+    return steps.percentile_of(count, None if steps.scrub else top, xp=xp, device=compat.device(top))
+
+
+def affine_range_lazy(x: Any, plan: Plan, spec: Any) -> tuple[Any, Any]:
+    """The percentile ``(lo, hi)`` of the dask array ``x`` per block (or ``(1,)`` each), lazily.
+
+    As the eager ``compute_range``: the input is not checked for finiteness (NaN or infinities
+    in a chunk give a non-finite range).
+    """
+    xp = shim.kernel_namespace(compat.array_namespace(x))
+    shape = tuple(int(n) for n in x.shape)
+    x = dask_graph.rechunk(x, dask_graph.aligned(x.chunks, _units(plan, shape)))
+    layout = _layout(plan, tuple(x.chunks))
+    chunked = _AffineChunked(AffineSteps(plan, shape, spec=spec), False, layout.data)
+    if not plan.block_dims(shape):
+        return _affine_percentile_lazy(x, chunked, layout, xp)
+    f32 = xp.float32
+    return dask_graph.map_chunks_pair(chunked.bounds, [x], [], (layout.grid, f32), (layout.grid, f32))
+
+
+def _search_affine_lazy(x: Any, steps: AffineSteps, check: bool, lo: Any, hi: Any, imp: Any, xp: Any) -> Any:
+    """Per-tensor affine MSE search as a graph: row errors per candidate over whole-row chunks, a lazy choice."""
+    rows, data, out_chunks = _whole_rows(x)
+    chunked = _AffineChunked(steps, check, data)
+    errors, factors = [], []
+    for f in steps.spec.factors:
+        e = dask_graph.map_chunks(chunked.row_errors, [rows], [lo, hi, imp, f], out_chunks, xp.float32)
+        errors.append(xp.reshape(e, (-1,)))
+        factors.append(xp.asarray([f], dtype=xp.float32))
+    f_best = select(errors, factors, xp=xp)
+    return xp.multiply(lo, f_best), xp.multiply(hi, f_best)
+
+
+def dequantize_affine_lazy(qt: QuantizedTensor, plan: Plan, scales: Any, zero: Any, out_dtype: Any) -> Any:
+    """The float dask array a lazy (validated) affine quantized tensor stands for."""
+    shape = qt.shape
+    axis = plan.packed_axis(len(shape))
+    per, unit_words = pack_unit(plan)
+    data = [tuple(n for n in sizes if n) or (0,) for sizes in qt.values.chunks]  # no empty chunks
+    if axis is not None:  # words back to fields, about: the chunks are realigned to whole units below
+        fields = [n * per // unit_words for n in data[axis][:-1]]
+        data[axis] = (*fields, shape[axis] - sum(fields))
+    layout = _layout(plan, dask_graph.aligned(tuple(data), _units(plan, shape)))
+    values = dask_graph.rechunk(qt.values, layout.values)
+    chunked = _AffineChunked(AffineSteps(plan, shape), False, layout.data)
+    f32 = compat.array_namespace(values).float32
+    if plan.block_dims(shape):
+        grids = [dask_graph.rechunk(scales, layout.grid), dask_graph.rechunk(zero, layout.grid)]
+        y = dask_graph.map_chunks(chunked.decode, [values, *grids], [], layout.data, f32)
+    else:
+        y = dask_graph.map_chunks(chunked.decode, [values], [scales, zero], layout.data, f32)
     return cast_saturating(y, out_dtype, xp=compat.array_namespace(y))

@@ -6,10 +6,12 @@ own namespace and device.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from array_api_compat import device as device_of
 
+from .affinework import AffineSteps
 from .backends import dask_graph, shim
 from .blockwork import Steps, max_of
 from .chunks import Sink, row_chunks
@@ -22,6 +24,7 @@ from .invariants import (
     check_rounding,
     check_same_place,
     check_table,
+    check_zero,
     is_real_float,
     namespace_of,
     plan_for,
@@ -32,6 +35,7 @@ from .invariants import (
 from .invariants.importance import check_importance
 from .invariants.plan import CalSpec, check_calibration_spec, ggml_kind
 from .kernels import (
+    affine_params,
     block_scales,
     effective_scale,
     global_scale,
@@ -44,11 +48,11 @@ from .kernels import compute_range as _compute_range
 from .kernels import (
     round_up_scales as _round_up,
 )
-from .kernels.search import element_weights, row_errors, select
-from .lazy import quantize_lazy, range_lazy
-from .scheme import Calibration, QParams, QuantScheme, ScaleDtype
+from .kernels.search import element_weights, error_unit, row_errors, select
+from .lazy import affine_range_lazy, quantize_affine_lazy, quantize_lazy, range_lazy
+from .scheme import Calibration, QParams, QuantMode, QuantScheme, ScaleDtype
 from .scheme.values import MSE, Percentile
-from .storage import fields_per_word, pack_codes, values_layout
+from .storage import pack_codes, pack_unit, values_layout
 from .tensor import QuantizedTensor
 
 __all__ = ["compute_q_params", "compute_range", "quantize", "round_up_scales"]
@@ -78,7 +82,8 @@ def compute_range(
         the mean of ``|x|``, summed by a fixed tree (one-level schemes only). ``"percentile"``,
         ``"mse"`` (one-level schemes only here: a two-level search keeps MinMax's global, which
         a range cannot carry) and their option forms: ``(-a, a)`` with ``a`` the chosen range, so
-        that :func:`compute_q_params` and ``quantize(params=...)`` give the dynamic result.
+        that :func:`compute_q_params` and ``quantize(params=...)`` give the dynamic result. Affine
+        schemes take ``"minmax"`` and ``"percentile"`` (its ``(lo, hi)``, with the same property).
     importance : array, optional
         Per-column error weights of a search (see :func:`quantize`).
 
@@ -114,6 +119,14 @@ def compute_range(
             "call quantize(x, scheme, calibration='ggml') instead"
         )
         raise SchemeError(msg)
+    if plan.affine and spec.kind is Calibration.PERCENTILE:
+        return _affine_percentile_range(x, plan, spec, importance, xp, device)
+    if plan.affine and spec.kind is not Calibration.MINMAX:
+        msg = (
+            f"calibration {spec.kind.value!r} is not defined for the {plan.mode.value} scheme {plan.scheme}; "
+            "affine schemes take the range 'minmax' or 'percentile' gives"
+        )
+        raise SchemeError(msg)
     if spec.kind in (Calibration.MINMAX, Calibration.ABSMEAN):
         if importance is not None:
             check_importance(importance, spec.kind, shape, xp, device)
@@ -140,7 +153,7 @@ def _searched_range(x: Any, plan: Plan, spec: CalSpec, imp: Any, xp: Any) -> Any
     """The percentile or searched range of ``x`` per block (or tensor), as :func:`quantize` finds it."""
     shape = tuple(int(n) for n in x.shape)
     dims = plan.block_dims(shape)
-    chunks = row_chunks(shape, dims[0] if dims else 1, None, 1, shim.slab_friendly(x))
+    chunks = row_chunks(shape, dims[0] if dims else 1, None, (1, 1), shim.slab_friendly(x))
     steps = Steps(plan, shape, spec.kind, spec=spec)
     tab = check_table(None, plan, xp, device_of(x))
     if not dims:
@@ -175,7 +188,9 @@ def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: An
     -------
     QParams
         ``scales`` (f32, unrounded), ``global_scale`` (``(1,)`` f32 for a two-level scheme, else
-        None) and ``table``. :func:`quantize` rounds the scales up onto the scale dtype.
+        None) and ``table``. :func:`quantize` rounds the scales up onto the scale dtype. An affine
+        scheme gives its stored scales with ``zero_point`` (in the codes' dtype) or ``offset``
+        (f32): the zero point is computed from the stored scale.
 
     Raises
     ------
@@ -189,6 +204,9 @@ def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: An
     >>> p = compute_q_params("q8s", np.array([-1.27]), np.array([0.5]))
     >>> round(float(p.scales[0]), 6)
     0.01
+    >>> p = compute_q_params("u8:zero_point", np.array([-1.0]), np.array([3.0]))
+    >>> p.scales.tolist(), p.zero_point.tolist()
+    ([0.01568627543747425], [64])
     """
     plan = _scheme(scheme)
     xp = namespace_of(min, "min")
@@ -199,7 +217,13 @@ def compute_q_params(scheme: QuantScheme | str, min: Any, max: Any, *, table: An
     with shim.quiet(xp):
         tab = check_table(table, plan, xp, device_of(min))
         kx = shim.kernel_namespace(xp)
-        s, g = scales_from_range(xp.astype(min, xp.float32), xp.astype(max, xp.float32), plan, xp=kx, table=tab)
+        lo, hi = xp.astype(min, xp.float32), xp.astype(max, xp.float32)
+        if plan.affine:
+            s, zero = affine_params(lo, hi, plan, xp=kx)
+            if plan.mode is QuantMode.OFFSET:
+                return QParams(scales=s, offset=zero)
+            return QParams(scales=s, zero_point=xp.astype(zero, getattr(xp, plan.code_dtype)))
+        s, g = scales_from_range(lo, hi, plan, xp=kx, table=tab)
     return QParams(scales=s, global_scale=g, table=tab)
 
 
@@ -337,6 +361,8 @@ def quantize(
             raise ParamsError(msg)
         with shim.quiet(xp):
             imp = check_importance(importance, spec.kind, shape, xp, device)
+    if plan.affine:
+        return _quantize_affine(x, plan, params, spec, imp, table, rounding, check_finite, xp, device)
     readable = can_read(x)
     given = None
     if params is not None:
@@ -374,19 +400,187 @@ def _quantize_ggml(
     shape = tuple(int(n) for n in x.shape)
     from .fused import ggml_reference  # host NumPy, as the other fused kernels
 
-    per = ggml_reference.KINDS[kind][1]
+    per = {**ggml_reference.KINDS, **ggml_reference.OFFSET_KINDS}[kind][1]
     if shape[-1] % per:
         msg = (
             f"calibration 'ggml' quantizes whole blocks of {per} along the last axis, as ggml does, but x has "
             f"{shape[-1]} there; pad the rows, or use calibration='minmax', which pads a partial block"
         )
         raise ShapeError(msg)
-    codes, scales = ggml_reference.quantize_host(x, kind)  # on the host in f32, as llama.cpp runs it
     name = shim.backend_name(x)
     kx = shim.kernel_namespace(xp)
     move = lambda a: shim.convert(a, name, device)
+    if kind in ggml_reference.OFFSET_KINDS:  # Q4_1, Q5_1: x = d * q + m
+        codes, d, m = ggml_reference.quantize_offset_host(x, kind)
+        return QuantizedTensor(
+            plan.scheme, shape, x.dtype, pack_codes(move(codes), plan, xp=kx), move(d), offset=move(m)
+        )
+    codes, scales = ggml_reference.quantize_host(x, kind)  # on the host in f32, as llama.cpp runs it
     values = pack_codes(move(codes), plan, xp=kx)
     return QuantizedTensor(plan.scheme, shape, x.dtype, values, move(scales), None, None)
+
+
+def _quantize_affine(
+    x: Any,
+    plan: Plan,
+    params: Any,
+    spec: CalSpec,
+    imp: Any,
+    table: Any,
+    rounding: str,
+    check_requested: bool,
+    xp: Any,
+    device: Any,
+) -> QuantizedTensor:
+    """Zero-point and offset schemes: MinMax over each block's ``(min, max)``, its MSE search, the
+    percentile range, or given parameters."""
+    if spec.kind not in (Calibration.MINMAX, Calibration.MSE, Calibration.PERCENTILE):
+        msg = (
+            f"calibration {spec.kind.value!r} is not defined for the {plan.mode.value} scheme {plan.scheme}; "
+            "affine schemes calibrate with 'minmax' (their range is the block's min and max), its 'mse' search "
+            "or 'percentile', or take static params=QParams(scales=..., zero_point=... or offset=...)"
+        )
+        raise SchemeError(msg)
+    shape = tuple(int(n) for n in x.shape)
+    check_table(table, plan, xp, device)
+    readable = can_read(x)
+    given = None
+    if params is not None:
+        scales_in, _, _ = check_params(params, plan, shape, xp, device)
+        given = (scales_in, check_zero(params, plan, shape, xp, device))
+        if check_requested and readable:
+            with shim.quiet(xp):
+                check_data_finite(x, xp)
+    # the CalSpec of a search or a percentile (None: MinMax, or given parameters)
+    cal = spec if (spec.searches or spec.kind is Calibration.PERCENTILE) and given is None else None
+    scrub = not (check_requested and readable)
+    if dask_graph.handles(x):
+        with shim.quiet(xp):
+            return quantize_affine_lazy(x, plan, given, rounding, check_requested, cal, imp)
+    with shim.quiet(xp):
+        kx = shim.kernel_namespace(xp)
+        return _quantize_affine_eager(x, plan, given, rounding, scrub, kx, device, cal, imp)
+
+
+def _affine_percentile_range(
+    x: Any, plan: Plan, spec: CalSpec, importance: Any, xp: Any, device: Any
+) -> tuple[Any, Any]:
+    """``compute_range`` of an affine scheme under the percentile: the ``(lo, hi)`` :func:`quantize` calibrates on.
+
+    Not checked for finiteness, as the symmetric ranges: NaN or infinities give a non-finite range.
+    """
+    shape = tuple(int(n) for n in x.shape)
+    with shim.quiet(xp):
+        check_importance(importance, spec.kind, shape, xp, device)  # refuses any: the percentile weighs nothing
+        if dask_graph.handles(x):
+            return affine_range_lazy(x, plan, spec)
+        kx = shim.kernel_namespace(xp)
+        steps = AffineSteps(plan, shape, spec=spec)
+        dims = plan.block_dims(shape)
+        chunks = row_chunks(shape, dims[0] if dims else 1, None, (1, 1), shim.slab_friendly(x))
+        if not dims:
+            return steps.tensor_percentile([x[c.rows, ...] for c in chunks], xp=kx)
+        grid = plan.grid_shape(shape)
+        lows, highs = (Sink(len(chunks), grid, kx.float32, kx, device) for _ in range(2))
+        for c in chunks:
+            lo, hi = steps.range(x[c.rows, ...], xp=kx)
+            lows.put(c.grid, lo)
+            highs.put(c.grid, hi)
+        return lows.result, highs.result
+
+
+def _quantize_affine_eager(
+    x: Any, plan: Plan, given: Any, rounding: str, scrub: bool, xp: Any, device: Any, spec: Any, imp: Any
+) -> QuantizedTensor:
+    shape = tuple(int(n) for n in x.shape)
+    dims = plan.block_dims(shape)
+    chunks = row_chunks(
+        shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), pack_unit(plan), shim.slab_friendly(x)
+    )
+    steps = AffineSteps(plan, shape, rounding, scrub, spec if given is None else None)
+    if not scrub and steps.spec is None:  # the fused kernels calibrate by MinMax only
+        hit = _fused_affine(x, plan, None if given is None else steps.stored(*given, xp=xp), rounding, shape)
+        if hit is not None:  # else (not covered, or NaN/inf to report) the portable path below runs
+            return _affine_tensor(plan, shape, x.dtype, *hit)
+
+    def verify(lo: Any, hi: Any) -> None:
+        # a non-finite range means non-finite data: find and report it before storing anything
+        if not scrub and not bool(xp.all(xp.logical_and(xp.isfinite(lo), xp.isfinite(hi)))):
+            check_data_finite(x, xp)
+
+    whole = None  # (scales, zero) for the whole tensor: given, or per-tensor MinMax
+    if given is not None:
+        whole = steps.stored(*given, xp=xp)
+    elif not dims and steps.percentile:
+        lo, hi = steps.tensor_percentile([x[c.rows, ...] for c in chunks], xp=xp)  # counting passes over slabs
+        verify(lo, hi)
+        whole = steps.params(lo, hi, xp=xp)
+    elif not dims:
+        parts = [steps.range(x[c.rows, ...], xp=xp) for c in chunks]
+        lo = functools.reduce(xp.minimum, [p[0] for p in parts])
+        hi = max_of([p[1] for p in parts], xp=xp)
+        verify(lo, hi)
+        if steps.searches:
+            lo, hi = _search_tensor_affine(x, chunks, steps, lo, hi, imp, xp)
+        whole = steps.params(lo, hi, xp=xp)
+    grid = plan.grid_shape(shape)
+    vshape, vdtype = values_layout(plan, shape)
+    values = Sink(len(chunks), vshape, getattr(xp, vdtype), xp, device)
+    scales = Sink(len(chunks), grid, xp.float32, xp, device)
+    zeros = Sink(len(chunks), grid, xp.float32, xp, device)
+    for c in chunks:
+        xc = x[c.rows, ...]
+        if whole is None:
+            lo, hi = steps.range(xc, xp=xp)
+            verify(lo, hi)
+            if steps.searches:
+                lo, hi = steps.search(xc, lo, hi, _columns(imp, c, xc), xp=xp)
+            s_c, z_c = steps.params(lo, hi, xp=xp)
+            scales.put(c.grid, s_c)
+            zeros.put(c.grid, z_c)
+        elif dims:
+            s_c, z_c = whole[0][c.grid, ...], whole[1][c.grid, ...]
+        else:
+            s_c, z_c = whole
+        values.put(c.stored, steps.values(xc, s_c, z_c, xp=xp))
+    s_all, z_all = whole if whole is not None else (scales.result, zeros.result)
+    return _affine_tensor(plan, shape, x.dtype, values.result, s_all, steps.as_stored_zero(z_all, xp=xp))
+
+
+def _search_tensor_affine(
+    x: Any, chunks: list[Any], steps: AffineSteps, lo: Any, hi: Any, imp: Any, xp: Any
+) -> tuple[Any, Any]:
+    """Per-tensor MSE search of an affine scheme: the candidate ``(f * lo, f * hi)`` of least total error."""
+    spec = steps.spec
+    dev = device_of(lo)
+    unit = error_unit(xp.maximum(xp.abs(lo), xp.abs(hi)), xp=xp)
+    errors, factors = [], []
+    for f in spec.factors:
+        fa = xp.asarray([f], dtype=xp.float32, device=dev)
+        lo_f, hi_f = xp.multiply(lo, fa), xp.multiply(hi, fa)
+        rows = []
+        for c in chunks:
+            xf = steps.finite(x[c.rows, ...], xp=xp)
+            w = element_weights(tuple(xf.shape), _columns(imp, c, xf), xp=xp, device=device_of(xf))
+            rows.append(row_errors(xf, steps.roundtrip(xf, lo_f, hi_f, xp=xp), unit, w, spec.norm, xp=xp))
+        errors.append(xp.concat(rows) if len(rows) > 1 else rows[0])
+        factors.append(fa)
+    f_best = select(errors, factors, xp=xp)
+    return xp.multiply(lo, f_best), xp.multiply(hi, f_best)
+
+
+def _fused_affine(x: Any, plan: Plan, stored: Any, rounding: str, shape: tuple[int, ...]) -> Any:
+    """``(values, scales, zero)`` from a fused (Numba) affine kernel, or None (tests/test_fused_affine.py)."""
+    from .fused import registry
+
+    kernel = registry.affine_quantize_kernel(x, plan, shape)
+    return None if kernel is None else kernel(x, plan, stored, rounding)
+
+
+def _affine_tensor(plan: Plan, shape: tuple[int, ...], dtype: Any, values: Any, s: Any, zero: Any) -> QuantizedTensor:
+    if plan.mode is QuantMode.ZERO_POINT:
+        return QuantizedTensor(plan.scheme, shape, dtype, values, s, zero_point=zero)
+    return QuantizedTensor(plan.scheme, shape, dtype, values, s, offset=zero)
 
 
 def _search_tensor(x: Any, chunks: list[Any], steps: Steps, amax: Any, tab: Any, imp: Any, xp: Any) -> Any:
@@ -469,7 +663,7 @@ def _quantize(
     shape = tuple(int(n) for n in x.shape)
     dims = plan.block_dims(shape)
     chunked = shim.slab_friendly(x)
-    chunks = row_chunks(shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), fields_per_word(plan), chunked)
+    chunks = row_chunks(shape, dims[0] if dims else 1, plan.packed_axis(len(shape)), pack_unit(plan), chunked)
     # input not verified finite (check off, or unreadable now): scrub NaN, calibrate on finite values
     cal = spec.kind
     steps = Steps(plan, shape, cal, rounding, scrub=not (check_requested and readable), spec=spec)

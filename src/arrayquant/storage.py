@@ -8,18 +8,20 @@ from typing import Any
 from .backends import shim
 from .errors import DTypeError, ShapeError
 from .invariants import Plan, check_shape, namespace_of, plan_for
-from .kernels import pack_fields, padded_length, unpack_fields
-from .scheme import QuantScheme
+from .kernels import pack_fields, packed_length, unpack_fields
+from .kernels import pack_unit as _unit
+from .scheme import QuantMode, QuantScheme
 
 __all__ = [
     "check_values",
-    "fields_per_word",
     "pack",
     "pack_codes",
+    "pack_unit",
     "quantized_nbytes",
     "unpack",
     "unpack_values",
     "values_layout",
+    "zero_nbytes",
 ]
 
 
@@ -27,24 +29,29 @@ def _word_bits(plan: Plan) -> int:
     return 32 if plan.store_kind == "packed_u32" else 8
 
 
-def fields_per_word(plan: Plan) -> int:
-    """Fields in one storage word: ``32 / bits`` for PackedU32, ``8 / bits`` for bytes."""
-    return _word_bits(plan) // plan.bits
+def pack_unit(plan: Plan) -> tuple[int, int]:
+    """``(fields, words)`` of the packed axis's smallest whole run (``(1, 1)`` for a native store).
+
+    ``32 / bits`` fields in one word for 1, 2, 4 and 8 bits; a 3-bit PackedU32 line repeats every
+    32 fields in 3 words. Slabs and chunks along the packed axis are cut at whole units.
+    """
+    if not plan.scheme.store.is_packed:
+        return 1, 1
+    return _unit(plan.bits, _word_bits(plan))
 
 
 def values_layout(plan: Plan, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
     """Shape and dtype name of the stored values for data of ``shape``."""
     axis = plan.packed_axis(len(shape))
     if axis is None:
-        return shape, "uint8" if plan.value.is_float else "int8"
+        return shape, plan.code_dtype
     word_bits = _word_bits(plan)
-    fields = padded_length(shape[axis], plan.bits, word_bits)
-    stored = fields * plan.bits // word_bits
+    stored = packed_length(shape[axis], plan.bits, word_bits)
     return (*shape[:axis], stored, *shape[axis + 1 :]), "uint32" if word_bits == 32 else "uint8"
 
 
 def quantized_nbytes(scheme: QuantScheme | str, shape: tuple[int, ...]) -> int:
-    """Exact length of the Burn byte layout: values, then scales, then the f32 global.
+    """Exact length of the Burn byte layout: values, scales, then zero points or offsets, then the f32 global.
 
     Parameters
     ----------
@@ -70,13 +77,22 @@ def quantized_nbytes(scheme: QuantScheme | str, shape: tuple[int, ...]) -> int:
     14
     >>> quantized_nbytes("q4s", (3, 3))  # each line padded to a whole word
     16
+    >>> quantized_nbytes("u4:block32:f16:offset", (64,))  # 8 words, 2 f16 scales, 2 f16 offsets
+    40
     """
     plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
     shape = check_shape(shape)
     vshape, dtype = values_layout(plan, shape)
     item = {"int8": 1, "uint8": 1, "uint32": 4}[dtype]
     n_scales = math.prod(plan.grid_shape(shape))
-    return math.prod(vshape) * item + n_scales * plan.scale_dtype.nbytes + (4 if plan.two_level else 0)
+    return math.prod(vshape) * item + n_scales * (plan.scale_dtype.nbytes + zero_nbytes(plan)) + 4 * plan.two_level
+
+
+def zero_nbytes(plan: Plan) -> int:
+    """Bytes of one zero point (1: int8 or uint8 as the codes) or offset (the scale dtype's), else 0."""
+    if plan.mode is QuantMode.ZERO_POINT:
+        return 1
+    return plan.scale_dtype.nbytes if plan.mode is QuantMode.OFFSET else 0
 
 
 def pack_codes(codes: Any, plan: Plan, *, xp: Any) -> Any:
@@ -95,7 +111,7 @@ def unpack_values(values: Any, plan: Plan, rank: int, n: int, *, xp: Any) -> Any
     if axis is None:
         return values
     raw = shim.words_to_bytes(values, axis, xp=xp) if plan.store_kind == "packed_u32" else values
-    return unpack_fields(raw, plan.bits, axis, n, signed=not plan.value.is_float, xp=xp)
+    return unpack_fields(raw, plan.bits, axis, n, signed=plan.code_dtype == "int8", xp=xp)
 
 
 def check_values(values: Any, plan: Plan, shape: tuple[int, ...], xp: Any, name: str = "values") -> None:
@@ -117,7 +133,8 @@ def pack(codes: Any, scheme: QuantScheme | str) -> Any:
     Parameters
     ----------
     codes : array
-        int8 codes (integer values) or uint8 codes (E4M3/E5M2/E2M1), at least 1-d.
+        int8 codes (signed integer values), uint8 codes (unsigned ``u1`` .. ``u8``, E4M3/E5M2/E2M1),
+        at least 1-d.
     scheme : QuantScheme or str
         The scheme, or its text form (``"q4s:block32:f16"``, a preset such as ``"nvfp4"``).
 
@@ -125,8 +142,9 @@ def pack(codes: Any, scheme: QuantScheme | str) -> Any:
     -------
     array
         The stored values: the codes themselves for a native store, uint32 words for
-        ``packed_u32`` (field k of a word in bits ``[k*bits, (k+1)*bits)``), uint8 bytes of two
-        E2M1 codes for ``packed_native``. The packed axis is padded to whole words.
+        ``packed_u32`` and uint8 bytes for ``packed_native``. Each line along the packed axis is
+        one little-endian bit stream (field k in stream bits ``[k*bits, (k+1)*bits)``, so a 3-,
+        5-, 6- or 7-bit field may cross a word), zero-padded to whole words.
 
     Raises
     ------
@@ -143,12 +161,14 @@ def pack(codes: Any, scheme: QuantScheme | str) -> Any:
     >>> words = pack(np.array([[1, -1, 2]], dtype=np.int8), "q4s")
     >>> hex(int(words[0, 0]))
     '0x2f1'
+    >>> pack(np.array([5, 1, 7], dtype=np.uint8), "u3:zero_point:packed_native").tolist()  # 101 001 111
+    [205, 1]
     """
     plan = plan_for(QuantScheme.parse(scheme) if isinstance(scheme, str) else scheme)
     xp = namespace_of(codes, "codes")
-    want = xp.uint8 if plan.value.is_float else xp.int8
+    want = getattr(xp, plan.code_dtype)
     if codes.dtype != want:
-        msg = f"codes must be {want} for {plan.value.name}, got {codes.dtype}; use QuantizedTensor.codes()"
+        msg = f"codes must be {plan.code_dtype} for {plan.value.name}, got {codes.dtype}; use QuantizedTensor.codes()"
         raise DTypeError(msg)
     if codes.ndim == 0:
         msg = f"codes has shape {tuple(codes.shape)}, but packing needs at least one axis; reshape to (1,)"
@@ -171,7 +191,8 @@ def unpack(values: Any, scheme: QuantScheme | str, shape: tuple[int, ...]) -> An
     Returns
     -------
     array
-        int8 codes (integer values, sign-extended) or uint8 codes (float values) of ``shape``.
+        int8 codes (signed integer values, sign-extended) or uint8 codes (unsigned and float
+        values) of ``shape``.
 
     Raises
     ------

@@ -42,7 +42,9 @@ class QuantizedTensor:
 
     ``values`` are the stored fields (int8, uint8 or uint32 words), ``scales`` the stored
     (rounded-up) scales as f32 shaped as the scale grid, ``global_scale`` the ``(1,)`` f32
-    per-tensor scale of a two-level scheme, ``dtype`` the original float dtype.
+    per-tensor scale of a two-level scheme, ``dtype`` the original float dtype. An affine scheme
+    adds ``zero_point`` (zero_point mode: one integer per scale, int8 or uint8 as the codes) or
+    ``offset`` (offset mode: one f32 per scale, on the scale dtype's grid), shaped as the scales.
     """
 
     scheme: QuantScheme
@@ -52,6 +54,8 @@ class QuantizedTensor:
     scales: Any
     global_scale: Any = None
     table: Any = None
+    zero_point: Any = None
+    offset: Any = None
 
     @property
     def device(self) -> Any:
@@ -64,7 +68,7 @@ class QuantizedTensor:
         return quantized_nbytes(self.scheme, self.shape)
 
     def codes(self) -> Any:
-        """The unpacked codes: int8 for integer values, uint8 for float values."""
+        """The unpacked codes: int8 for signed integer values, uint8 for unsigned and float values."""
         return unpack(self.values, self.scheme, self.shape)
 
     def to_backend(self, name: str, device: Any = None) -> QuantizedTensor:
@@ -80,6 +84,8 @@ class QuantizedTensor:
             scales=move(self.scales),
             global_scale=move(self.global_scale),
             table=move(self.table),
+            zero_point=move(self.zero_point),
+            offset=move(self.offset),
             dtype=getattr(xp, dtype_name(self.dtype), xp.float32),  # e.g. bf16 where the target lacks it
         )
 

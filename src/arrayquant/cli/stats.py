@@ -22,7 +22,7 @@ from ..chunks import Chunk, row_chunks
 from ..dequantize import dequantize
 from ..invariants import plan_for
 from ..metrics import ErrorMeter
-from ..storage import fields_per_word
+from ..storage import pack_unit
 from ..tensor import QuantizedTensor
 from .common import shown
 
@@ -88,7 +88,7 @@ def _slabs(qt: QuantizedTensor) -> Iterator[Chunk]:
     plan = plan_for(qt.scheme)
     rank = len(qt.shape)
     dims = plan.block_dims(rank)
-    chunks = row_chunks(qt.shape, dims[0] if dims else 1, plan.packed_axis(rank), fields_per_word(plan), True)
+    chunks = row_chunks(qt.shape, dims[0] if dims else 1, plan.packed_axis(rank), pack_unit(plan), True)
     row = math.prod(qt.shape[1:])
     group: list[Chunk] = []
     for c in chunks:
@@ -103,6 +103,11 @@ def _slabs(qt: QuantizedTensor) -> Iterator[Chunk]:
             group = []
 
 
+def _part_of_grid(rows: slice | None) -> Any:
+    """The rows of a grid (scales, zero points, offsets) a slab needs: all of them per tensor."""
+    return lambda g: g if rows is None or g is None else g[rows, ...]
+
+
 def quantization_error(x: Any, qt: QuantizedTensor, stats: ErrorStats) -> ErrorStats:
     """Add the error of ``qt`` against the original ``x`` (any backend, or anything whose
     ``x[rows, ...]`` reads those rows) to ``stats``, slab by slab."""
@@ -110,14 +115,17 @@ def quantization_error(x: Any, qt: QuantizedTensor, stats: ErrorStats) -> ErrorS
     per_tensor = not plan_for(qt.scheme).block_dims(len(qt.shape))
     for s in _slabs(qt):
         rows = s.rows.stop - s.rows.start
+        grid = _part_of_grid(None if per_tensor else s.grid)
         part = QuantizedTensor(
             qt.scheme,
             (rows, *qt.shape[1:]),
             qt.dtype,
             qt.values[s.stored, ...],
-            qt.scales if per_tensor else qt.scales[s.grid, ...],
+            grid(qt.scales),
             qt.global_scale,
             qt.table,
+            grid(qt.zero_point),
+            grid(qt.offset),
         )
         stats.add(shim.to_host(x[s.rows, ...]), shim.to_host(dequantize(part, xp.float32)))
     return stats

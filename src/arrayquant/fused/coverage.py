@@ -1,7 +1,8 @@
 """What every fused kernel covers, whatever the library: one rule, so the kernels agree on it.
 
-Symmetric values (not lookup tables), data of at least one axis, blocks along the last axis only
-(or one scale per tensor), and packing, if any, along the last axis. Each kernel module adds what
+Symmetric mode (not lookup tables, not the affine modes) over Burn's value kinds, data of at least
+one axis, blocks along the last axis only (or one scale per tensor), and packing, if any, along the
+last axis. Each kernel module adds what
 is its own (its library installed, the host's byte order, the value kinds it knows).
 """
 
@@ -18,7 +19,9 @@ def layout_reason(plan: Plan, shape: tuple[int, ...]) -> str:
     if not shape:
         return "0-d data is not fused"
     if plan.scheme.mode is not QuantMode.SYMMETRIC:
-        return "lookup tables are not fused"
+        return f"{plan.scheme.mode.value} mode is not fused"
+    if not plan.value.is_burn:
+        return f"{plan.value.name} values are not fused (Burn's value kinds are)"
     dims = plan.block_dims(shape)
     if any(d != 1 for d in dims[:-1]):
         return "blocks spanning more than the last axis are not fused"

@@ -11,17 +11,33 @@ differ from arrayquant's own MinMax rule on purpose, in ways a reader should kno
 - ``Q4_0``: ``d = max / -8`` with ``max`` the signed element of largest magnitude (the first
   such), so ``d`` is negative where that element is positive; codes
   ``min(15, (int)(x / d + 8.5))``;
+- ``Q5_0``: Q4_0's rule with 32 levels: ``d = max / -16``, codes
+  ``min(31, (int8_t)(x * (1 / d) + 16.5f)) - 16`` from the f32 ``d`` before its nearest-even
+  f16 rounding (half up by truncation, not to nearest);
+- ``Q4_1`` (offset, ``x = code * d + m``): ``d = (max - min) / 15`` from the block's own min and
+  max, not a range widened to hold 0; codes ``min(15, (int8_t)((x - min) * (1 / d) + 0.5f))``
+  from the f32 ``d`` and ``min`` before rounding (half up), then ``d`` and ``m = min`` each
+  rounded to nearest-even f16, so a value's code need not be the nearest point of the stored grid;
+- ``Q5_1``: as Q4_1 with ``d = (max - min) / 31`` and ``(uint8_t)((x - min) * (1 / d) + 0.5f)``,
+  no clamp;
 - ``TQ1_0`` / ``TQ2_0``: ``d = amax`` rounded to nearest f16, codes ``lroundf(x / amax)``;
 - ``MXFP4``: exponent ``floor(log2(amax)) - 2`` (OCP MX's rule, not arrayquant's round-up),
   each value to the nearest E2M1 point, a tie to the first in ggml's table (toward zero, +0);
 - ``NVFP4`` (GGUF's, one level): UE4M3 scale ``amax / 6`` rounded by ggml's own converter
   (half up on the mantissa, ``256 .. 448`` to 448), E2M1 codes as for MXFP4.
 
-Blocks run along the last axis. :func:`quantize_host` takes any backend's array to f32 on the
-host (as llama.cpp converts every source) and refuses non-finite values first.
+Blocks run along the last axis. :func:`quantize_host` (and :func:`quantize_offset_host` for the
+offset types Q4_1 and Q5_1) takes any backend's array to f32 on the host (as llama.cpp converts
+every source) and refuses non-finite values first.
 
 Where ggml's C is undefined (a block whose ``amax`` is below ``2**-125`` gives MXFP4 a negative
 exponent cast to ``uint8_t``), the exponent is clamped to 0: that block's values are 0 either way.
+For Q5_0, Q4_1 and Q5_1, a block whose ``|d|`` is below ``2**-128`` has ``1 / d`` overflow to
+infinity (and one whose ``max - min`` overflows f32 has ``(x - min) * 0`` NaN where ``x - min``
+does), and the C casts those infinities and NaNs to an integer; such codes are 0 in the stored
+bits here, as x86's truncating conversion (``cvttss2si``: ``INT_MIN``, low byte 0) gives. The
+first kind of block stores f16 zeros as ``d`` and ``m``, so its values are 0 whatever its codes;
+the second stores ``d = inf``.
 """
 
 from __future__ import annotations
@@ -33,17 +49,28 @@ import numpy as np
 from ..backends import shim
 from ..invariants import check_finite
 
-__all__ = ["KINDS", "quantize_blocks", "quantize_host"]
+__all__ = [
+    "KINDS",
+    "OFFSET_KINDS",
+    "quantize_blocks",
+    "quantize_host",
+    "quantize_offset_blocks",
+    "quantize_offset_host",
+]
 
 # GGUF type -> (elements per block, elements per scale)
 KINDS: dict[str, tuple[int, int]] = {
     "Q8_0": (32, 32),
     "Q4_0": (32, 32),
+    "Q5_0": (32, 32),
     "TQ1_0": (256, 256),
     "TQ2_0": (256, 256),
     "MXFP4": (32, 32),
     "NVFP4": (64, 16),
 }
+
+# GGUF offset type (x = code * d + m) -> (elements per block, elements per scale)
+OFFSET_KINDS: dict[str, tuple[int, int]] = {"Q4_1": (32, 32), "Q5_1": (32, 32)}
 
 _F32 = np.float32
 # ggml's kvalues_mxfp4: E2M1 doubled, indexed by the E2M1 code (bit 3 = sign, 8 is +0 there)
@@ -60,6 +87,15 @@ def _inverse(d: np.ndarray) -> np.ndarray:
     """``d ? 1.0f / d : 0.0f``."""
     with np.errstate(divide="ignore", over="ignore"):
         return np.where(d != 0, _F32(1) / np.where(d != 0, d, _F32(1)), _F32(0)).astype(_F32)
+
+
+def _trunc_c(t: np.ndarray) -> np.ndarray:
+    """C's float-to-integer cast of ``t`` (toward zero); a non-finite ``t`` to 0, as on x86.
+
+    The C is undefined there; x86's ``cvttss2si`` gives ``INT_MIN``, whose low byte (all that
+    an ``int8_t`` or ``uint8_t`` keeps) is 0. Finite ``t`` here are small (below 34).
+    """
+    return np.where(np.isfinite(t), np.trunc(t), _F32(0)).astype(_F32)
 
 
 def _to_f16(d: np.ndarray) -> np.ndarray:
@@ -98,9 +134,11 @@ def _ue4m3_value(b: np.ndarray) -> np.ndarray:
 def quantize_blocks(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
     """ggml's codes and scales for ``x`` (f32, last axis whole blocks of ``kind``).
 
-    Returns ``(codes, scales)``: codes shaped as ``x`` (int8 for the integer types, E2M1 codes
-    as uint8 for the FP4 types), scales f32 shaped ``(*x.shape[:-1], x.shape[-1] // per_scale)``
-    with ``x = code * scale`` (E2M1's value of the code for FP4) as ggml dequantizes it.
+    Returns ``(codes, scales)``: codes shaped as ``x`` (int8 for the integer types, Q5_0's
+    ``q - 16`` in ``-16 .. 15`` among them; E2M1 codes as uint8 for the FP4 types), scales f32
+    shaped ``(*x.shape[:-1], x.shape[-1] // per_scale)`` with ``x = code * scale`` (E2M1's value
+    of the code for FP4) as ggml dequantizes it. The offset types are
+    :func:`quantize_offset_blocks`'s.
 
     >>> x = np.array([[0.5, -2.0] + [0.0] * 30], np.float32)
     >>> codes, scales = quantize_blocks(x, "Q4_0")
@@ -145,8 +183,17 @@ def _blocks(v: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
         pick = np.take_along_axis(v, np.argmax(a, axis=1)[:, None], axis=1)[:, 0]
         signed = np.where(amax > 0, pick, _F32(0))  # ggml's max stays +0.0 in an all-zero block
         d = (signed / _F32(-8)).astype(_F32)
-        q = np.trunc(v * _inverse(d)[:, None] + _F32(8.5))  # (int8_t) of a value in [0.5, 16.5]
+        with np.errstate(invalid="ignore"):  # 1 / d is infinite below 2**-128: 0 * inf
+            q = _trunc_c(v * _inverse(d)[:, None] + _F32(8.5))  # (int8_t) of a value in [0.5, 16.5]
         codes = (np.minimum(q, 15) - 8).astype(np.int8)
+        scales = _to_f16(d)
+    elif kind == "Q5_0":
+        pick = np.take_along_axis(v, np.argmax(a, axis=1)[:, None], axis=1)[:, 0]
+        signed = np.where(amax > 0, pick, _F32(0))  # max = 0.0f until an element beats it, as in Q4_0
+        d = (signed / _F32(-16)).astype(_F32)
+        with np.errstate(invalid="ignore"):  # 1 / d is infinite below 2**-128: 0 * inf
+            q = _trunc_c(v * _inverse(d)[:, None] + _F32(16.5))  # (int8_t) of a value in [0.5, 32.5]
+        codes = (np.minimum(q, _F32(31)) - _F32(16)).astype(np.int8)
         scales = _to_f16(d)
     elif kind in ("TQ1_0", "TQ2_0"):
         codes = _roundf(v * _inverse(amax)[:, None]).astype(np.int8)
@@ -167,3 +214,53 @@ def _blocks(v: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
     else:  # pragma: no cover - callers pass a KINDS key
         raise KeyError(kind)
     return codes, scales
+
+
+def quantize_offset_blocks(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's codes, scales and minimums for ``x`` (f32, last axis whole blocks of an offset ``kind``).
+
+    Returns ``(codes, d, m)``: codes uint8 shaped as ``x`` (``0 .. 15`` for Q4_1, ``0 .. 31`` for
+    Q5_1), ``d`` and ``m`` f32 (their f16 values, as ggml stores them) shaped
+    ``(*x.shape[:-1], x.shape[-1] // 32)``, with ``x = code * d + m`` as ggml dequantizes it (the
+    product rounded to f32, then the sum).
+
+    >>> x = np.array([[-1.0, 0.9, 0.95, 2.0] + [0.0] * 28], np.float32)
+    >>> codes, d, m = quantize_offset_blocks(x, "Q4_1")  # codes from d = 0.2 in f32, stored d its f16
+    >>> codes[0, :4].tolist(), d.tolist(), m.tolist()
+    ([0, 10, 10, 15], [[0.199951171875]], [[-1.0]])
+    """
+    per = OFFSET_KINDS[kind][1]
+    x = np.asarray(x, dtype=_F32)
+    v = x.reshape(-1, per)
+    codes = np.empty(v.shape, np.uint8)
+    d, m = np.empty(v.shape[0], _F32), np.empty(v.shape[0], _F32)
+    step = max(1, _CHUNK // per)
+    for i in range(0, v.shape[0], step):
+        codes[i : i + step], d[i : i + step], m[i : i + step] = _offset_blocks(v[i : i + step], kind)
+    lead = (*x.shape[:-1], x.shape[-1] // per)
+    return codes.reshape(x.shape), d.reshape(lead), m.reshape(lead)
+
+
+def quantize_offset_host(x: Any, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`quantize_offset_blocks` of any backend's floats, on the host in f32, checked finite."""
+    with np.errstate(over="ignore"):
+        host = np.asarray(shim.to_host(x)).astype(np.float32)
+    check_finite(host, np)
+    return quantize_offset_blocks(host, kind)
+
+
+def _offset_blocks(v: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Codes ``(n, 32)``, ``d`` and ``m`` ``(n,)`` of ``n`` Q4_1 or Q5_1 blocks."""
+    # ggml's loop keeps the first element of least (greatest) value: min's zero keeps its sign
+    lo = np.take_along_axis(v, np.argmin(v, axis=1)[:, None], axis=1)[:, 0]
+    hi = np.take_along_axis(v, np.argmax(v, axis=1)[:, None], axis=1)[:, 0]
+    with np.errstate(over="ignore", invalid="ignore"):  # f32 range overflow and 1 / d = inf: C's UB
+        d = ((hi - lo) / _F32(15 if kind == "Q4_1" else 31)).astype(_F32)
+        t = _trunc_c((v - lo[:, None]) * _inverse(d)[:, None] + _F32(0.5))  # in [0.5, 31.5]: half up
+    if kind == "Q4_1":
+        codes = np.minimum(t, _F32(15)).astype(np.uint8)
+    elif kind == "Q5_1":
+        codes = t.astype(np.uint8)  # (uint8_t), no clamp: the value stays below 32
+    else:  # pragma: no cover - callers pass an OFFSET_KINDS key
+        raise KeyError(kind)
+    return codes, _to_f16(d), _to_f16(lo)

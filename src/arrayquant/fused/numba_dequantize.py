@@ -31,7 +31,7 @@ from ..storage import values_layout
 from .coverage import layout_reason
 from .numba_launch import launch, numba
 
-__all__ = ["decode_minifloat", "dequantize", "supports"]
+__all__ = ["as_bytes", "decode_minifloat", "dequantize", "supports"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -266,7 +266,7 @@ def _mode(value: QuantValue, packed: bool) -> int:
     return _I4 if value.bits == 4 else _I2
 
 
-def _as_bytes(values: np.ndarray, plan: Plan, shape: tuple[int, ...]) -> np.ndarray | None:
+def as_bytes(values: np.ndarray, plan: Plan, shape: tuple[int, ...]) -> np.ndarray | None:
     """The stored values as a C-contiguous ``(rows, bytes per row)`` uint8 array, or None if they do not fit."""
     want_shape, want_dtype = values_layout(plan, shape)
     if not isinstance(values, np.ndarray) or tuple(values.shape) != want_shape:
@@ -311,7 +311,7 @@ def dequantize(
         return None
     if plan.two_level != (glob is not None) or (glob is not None and not isinstance(glob, np.ndarray)):
         return None
-    raw = _as_bytes(values, plan, shape)
+    raw = as_bytes(values, plan, shape)
     if raw is None:
         return None
     dims = plan.block_dims(shape)

@@ -41,7 +41,18 @@ from ..storage import values_layout
 from .coverage import layout_reason
 from .numba_launch import LOCK, launch, numba
 
-__all__ = ["absmax", "encode", "encode_minifloat", "quantize", "quantize_under", "round_up", "supports"]
+__all__ = [
+    "absmax",
+    "encode",
+    "encode_minifloat",
+    "pack_row",
+    "quantize",
+    "quantize_under",
+    "round_onto",
+    "round_up",
+    "scale_grid",
+    "supports",
+]
 
 _INTS = (QuantValue.Q8F, QuantValue.Q8S, QuantValue.Q4F, QuantValue.Q4S, QuantValue.Q2F, QuantValue.Q2S)
 _FLOATS = (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
@@ -83,13 +94,14 @@ if numba is not None:
         return _from_ibits(np.int32((e + 127) << 23))
 
     @_inline
-    def _round_up(s, grid):
-        """One f32 scale rounded up onto a grid ``(max, floor, emin, emax - emin, mbits, is_f32)``.
+    def round_onto(s, grid, up):
+        """One non-negative f32 value onto a grid ``(max, floor, emin, emax - emin, mbits, is_f32)``:
+        rounded up (``up``) or down.
 
-        The steps of ``kernels/roundup.py``'s ``round_up_scales`` with its tables computed instead
-        of read (the same exact powers of two): the binade ``j``, the count of ``2^(emin+1) ..
-        2^emax`` not above ``a``, comes from ``a``'s exponent field (0 for negative ``a``, whose
-        signed pattern is negative). Scalar arguments only: the search's table round-up
+        The steps of ``kernels/roundup.py``'s ``_round_onto`` (``ceil`` or ``floor``) with its tables
+        computed instead of read (the same exact powers of two): the binade ``j``, the count of
+        ``2^(emin+1) .. 2^emax`` not above ``a``, comes from ``a``'s exponent field (0 for negative
+        ``a``, whose signed pattern is negative). Scalar arguments only: the search's table round-up
         (``numba_search_kernels._grid_up``) takes a table array, and reference counting it per call
         costs more than a block's encoding.
         """
@@ -102,12 +114,18 @@ if numba is not None:
         k = mbits - emin - j
         ka = -((-k) // 2)  # split in two factors so that each is a normal f32 (as pow2_tables does)
         kb = k // 2
-        n = np.float32(np.ceil((a * _pow2(ka)) * _pow2(kb)))
+        t = (a * _pow2(ka)) * _pow2(kb)
+        n = np.float32(np.ceil(t)) if up else np.float32(np.floor(t))
         r = (n * _pow2(-ka)) * _pow2(-kb)
         r = min(r, gmax)
         if gfloor > zero:
             r = max(r, gfloor)
         return r + zero
+
+    @_inline
+    def _round_up(s, grid):
+        """One f32 scale rounded up onto a grid (``kernels/roundup.py``'s ``round_up_scales``)."""
+        return round_onto(s, grid, True)
 
     @_inline
     def _scale(alpha, half_span, glob, two_level, ocp, ocp_mul, sd, u8):
@@ -174,7 +192,7 @@ if numba is not None:
             dst[t] = np.uint8(m | np.uint32(np.uint32(ur[t] >> np.uint32(31)) * sbit))
 
     @_inline
-    def _pack(src, per_byte, out):
+    def pack_row(src, per_byte, out):
         """``per_byte`` fields of ``src`` (zero-padded to whole bytes) into each byte of ``out``.
 
         The fields of one byte are read as one little-endian u16 (two 4-bit fields) or u32 (four
@@ -286,7 +304,7 @@ if numba is not None:
         if per_byte == 1:
             orow[cols:] = np.uint8(0)
         else:
-            _pack(dst, per_byte, orow)
+            pack_row(dst, per_byte, orow)
 
     @numba.njit(cache=True, nogil=True, parallel=True)
     def _quantize_rows_parallel(x, xu, b, static, check, stored, glob, lvl, sd, u8, enc, per_byte, scales, out, bad):
@@ -353,8 +371,8 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> str:
     return layout_reason(plan, shape)
 
 
-def _grid(dtype: ScaleDtype) -> tuple[np.float32, np.float32, int, int, int, bool]:
-    """A scale dtype's grid as :func:`_round_up` reads it: (max, floor, emin, emax - emin, mbits, is-f32)."""
+def scale_grid(dtype: ScaleDtype) -> tuple[np.float32, np.float32, int, int, int, bool]:
+    """A scale dtype's grid as :func:`round_onto` reads it: (max, floor, emin, emax - emin, mbits, is-f32)."""
     g = dtype.grid
     # the binade thresholds 2^(emin+1) .. must be normal f32 for the exponent-field count
     assert dtype is ScaleDtype.F32 or g.emin + 1 >= -126, dtype
@@ -409,8 +427,8 @@ def _run(
         st,
         glob,
         (bool(plan.two_level), plan.scheme.scale_rule == "ocp", _ocp_mul(plan), np.float32(plan.value.span / 2)),
-        _grid(plan.scale_dtype),
-        _grid(ScaleDtype.UE8M0),
+        scale_grid(plan.scale_dtype),
+        scale_grid(ScaleDtype.UE8M0),
         _constants(plan, rounding),
         per_byte,
         scales,
@@ -467,9 +485,9 @@ def quantize(x: np.ndarray, plan: Plan, rounding: str) -> tuple[np.ndarray, np.n
         alpha = _absmax(x)
         if alpha is None:
             return None
-        u8 = _grid(ScaleDtype.UE8M0)
+        u8 = scale_grid(ScaleDtype.UE8M0)
         s = _scale(alpha, f32(plan.value.span / 2), f32(1), False, False, _ocp_mul(plan),
-                   _grid(plan.scale_dtype), u8)  # fmt: skip
+                   scale_grid(plan.scale_dtype), u8)  # fmt: skip
         stored = np.full((1, 1), s, dtype=f32)
         values, _, _ = _run(x, plan, rounding, stored, f32(1), False)
         return values, stored.reshape(1), None
@@ -607,5 +625,5 @@ def round_up(s: np.ndarray, dtype: ScaleDtype) -> np.ndarray:
 
     with LOCK:
         apply(flat.size)
-        _round_up_flat(flat, _grid(dtype), out)
+        _round_up_flat(flat, scale_grid(dtype), out)
     return out.reshape(np.shape(s))

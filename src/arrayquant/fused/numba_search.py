@@ -63,7 +63,9 @@ def _case(plan: Plan, shape: tuple[int, ...]) -> tuple[str, str]:
     if numba is None:
         return "", "numba is not installed"
     if scheme.mode is not QuantMode.SYMMETRIC:  # lookup mode: codes index a table, not values
-        return "", "lookup tables are not fused"
+        return "", f"{scheme.mode.value} mode is not fused"
+    if not plan.value.is_burn:
+        return "", f"{plan.value.name} values are not fused (Burn's value kinds are)"
     if not shape:
         return "", "0-d data is not fused"
     try:

@@ -12,6 +12,8 @@ encode      given stored scales: :mod:`.numba_quantize`         -
 chunks      two-level, a chunk at a time: :mod:`.numba_quantize` -
 dequantize  :mod:`.numba_dequantize`                            :mod:`.cupy_kernels` (unverified)
 mse         MSE calibration search: :mod:`.numba_search`        -
+affine      zero-point / offset quantize and dequantize:        -
+            :mod:`.numba_affine`
 =========== =================================================== ==================================
 """
 
@@ -27,7 +29,16 @@ import numpy as np
 from ..invariants import Plan
 from . import available, gpu_available, gpu_why_not, why_not
 
-__all__ = ["chunk_kernels", "dequantize_kernel", "describe", "encode_kernel", "mse_kernel", "quantize_kernel"]
+__all__ = [
+    "affine_dequantize_kernel",
+    "affine_quantize_kernel",
+    "chunk_kernels",
+    "dequantize_kernel",
+    "describe",
+    "encode_kernel",
+    "mse_kernel",
+    "quantize_kernel",
+]
 
 _CPU_MODULES = {
     "quantize": "numba_quantize",
@@ -35,6 +46,7 @@ _CPU_MODULES = {
     "chunks": "numba_quantize",
     "dequantize": "numba_dequantize",
     "mse": "numba_search",
+    "affine": "numba_affine",
 }
 
 
@@ -109,6 +121,26 @@ def mse_kernel(x: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[..., Any]
         return None
     mod = _cpu("mse", plan, shape)
     return None if mod is None else mod.mse
+
+
+def affine_quantize_kernel(x: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[..., Any] | None:
+    """``fn(x, plan, given, rounding) -> (values, scales, zero) | None`` for an affine scheme, or None.
+
+    ``given`` is None (MinMax) or the static ``(scales, zero)`` f32 grids as stored; ``zero`` comes
+    back as the stored zero points (the codes' dtype) or offsets (f32).
+    """
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        return None
+    mod = _cpu("affine", plan, shape)
+    return None if mod is None else mod.quantize
+
+
+def affine_dequantize_kernel(values: Any, plan: Plan, shape: tuple[int, ...]) -> Callable[..., Any] | None:
+    """``fn(values, scales, zero, plan, shape) -> f32 data | None`` for an affine scheme, or None."""
+    if not isinstance(values, np.ndarray):
+        return None
+    mod = _cpu("affine", plan, shape)
+    return None if mod is None else mod.dequantize
 
 
 def describe() -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from .data import (
     is_real_float,
     namespace_of,
 )
-from .params import CheckedParams, check_params, check_scale_values, check_table
+from .params import CheckedParams, check_params, check_scale_values, check_table, check_zero
 from .plan import Plan, check_calibration, check_rounding, plan_for
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "check_scale_values",
     "check_shape",
     "check_table",
+    "check_zero",
     "is_real_float",
     "namespace_of",
     "plan_for",

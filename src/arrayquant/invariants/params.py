@@ -13,7 +13,7 @@ from ..scheme import CODEBOOKS, F32_MAX, QParams, QuantMode, to_f32
 from .data import can_read, check_same_place, is_real_float
 from .plan import Plan
 
-__all__ = ["CheckedParams", "check_params", "check_scale_values", "check_table"]
+__all__ = ["CheckedParams", "check_params", "check_scale_values", "check_table", "check_zero", "check_zero_values"]
 
 CheckedParams = tuple[Any, Any, Any]  # (scales f32 grid, global f32 (1,) or None, table f32 or None)
 
@@ -137,7 +137,90 @@ def check_params(
         glob = xp.reshape(glob, (1,))
         check_scale_values(glob, f"{what}.global_scale", xp)
     tab = check_table(table if table is not None else params.table, plan, xp, device)
+    _check_zero_presence(params, plan, what)
     return scales, glob, tab
+
+
+def _check_zero_presence(params: QParams, plan: Plan, what: str) -> None:
+    """Each affine mode needs its own second parameter, and no scheme takes the other one."""
+    mode = plan.mode
+    for field, owner in (("zero_point", QuantMode.ZERO_POINT), ("offset", QuantMode.OFFSET)):
+        given = getattr(params, field) is not None
+        if mode is owner and not given:
+            formula = "x = s * (q - z)" if owner is QuantMode.ZERO_POINT else "x = d * q + m"
+            msg = (
+                f"scheme {plan.scheme} is in {mode.value} mode ({formula}) but {what}.{field} is None; pass "
+                f"QParams(scales=..., {field}=...) shaped as the scales, or let aq.quantize calibrate both"
+            )
+            raise ParamsError(msg)
+        if mode is not owner and given:
+            fix = f"make the scheme .with_mode('{owner.value}')" if not plan.value.is_float else "drop it"
+            msg = f"{what}.{field} was given but scheme {plan.scheme} is in {mode.value} mode; drop {field}, or {fix}"
+            raise ParamsError(msg)
+
+
+def check_zero(params: QParams, plan: Plan, shape: tuple[int, ...], xp: Any, device: Any, what: str = "params") -> Any:
+    """The zero points (integers as f32) or offsets (f32) of an affine scheme, checked; None otherwise.
+
+    Zero points must be integers in the value's range; offsets finite floats. Both are shaped as
+    the scale grid. Call after :func:`check_params`, which checked their presence.
+    """
+    mode = plan.mode
+    if not mode.is_affine:
+        return None
+    field = "zero_point" if mode is QuantMode.ZERO_POINT else "offset"
+    raw = getattr(params, field)
+    name = f"{what}.{field}"
+    check_same_place(xp, device, **{name: raw})
+    if mode is QuantMode.ZERO_POINT:
+        out = _as_zero_points(raw, name, plan, xp, device)
+    else:
+        out = _as_f32(raw, name, xp, device)
+        check_scale_values(out, name, xp, signed=True)
+    grid = plan.grid_shape(shape)
+    if tuple(out.shape) != grid:
+        msg = (
+            f"{name} has shape {tuple(out.shape)} but scheme {plan.scheme} on data of shape {shape} has scales "
+            f"shaped {grid}; give one {field.replace('_', ' ')} per scale"
+        )
+        raise ShapeError(msg)
+    return out
+
+
+def _as_zero_points(raw: Any, name: str, plan: Plan, xp: Any, device: Any) -> Any:
+    """Integer zero points in ``[qmin, qmax]`` as f32 (exact: they are small integers)."""
+    if compat.is_array_api_obj(raw):
+        arr = raw
+    else:
+        try:
+            arr = xp.asarray(raw, device=device)
+        except (TypeError, ValueError, OverflowError) as exc:
+            msg = f"{name} must be an array of integers, got {raw!r:.200} ({exc})"
+            raise ParamsError(msg) from None
+    if not xp.isdtype(arr.dtype, "integral"):
+        msg = (
+            f"{name} has dtype {arr.dtype}; zero points are integers in the code range "
+            f"{plan.qmin}..{plan.qmax} of {plan.value.name} (e.g. uint8 or int8)"
+        )
+        raise ParamsError(msg)
+    check_zero_values(arr, name, plan, xp)
+    return xp.astype(arr, xp.float32)
+
+
+def check_zero_values(arr: Any, name: str, plan: Plan, xp: Any) -> None:
+    """Refuse zero points outside the codes' range ``[qmin, qmax]`` (arrays that can be read now)."""
+    if not can_read(arr):
+        return
+    flat = xp.reshape(arr, (-1,))
+    if flat.shape[0]:
+        bad = xp.logical_or(flat < plan.qmin, flat > plan.qmax)
+        if bool(xp.any(bad)):
+            i = int(xp.argmax(xp.astype(bad, xp.uint8)))
+            msg = (
+                f"{name} has {int(flat[i])} at flat index {i}; {plan.value.name} zero points lie in "
+                f"{plan.qmin}..{plan.qmax}, the codes' own range"
+            )
+            raise ParamsError(msg)
 
 
 def check_table(table: Any, plan: Plan, xp: Any, device: Any) -> Any:

@@ -46,6 +46,20 @@ class Plan:
         return self.scheme.store.kind
 
     @property
+    def mode(self) -> QuantMode:
+        return self.scheme.mode
+
+    @property
+    def affine(self) -> bool:
+        """Whether each scale has a zero point (ZERO_POINT) or an offset (OFFSET) beside it."""
+        return self.scheme.mode.is_affine
+
+    @property
+    def code_dtype(self) -> str:
+        """The dtype name of unpacked codes: int8 for signed integers, uint8 for unsigned and minifloats."""
+        return "uint8" if self.value.is_float or self.value.is_unsigned else "int8"
+
+    @property
     def signed_scales(self) -> bool:
         """Whether stored scales may be negative: integer codes under one level of F32/F16/BF16.
 
@@ -108,12 +122,13 @@ def plan_for(scheme: QuantScheme) -> Plan:
 @functools.lru_cache(maxsize=256)
 def _plan(scheme: QuantScheme) -> Plan:
     value = scheme.value
-    if scheme.store.kind == "packed_native" and value is not QuantValue.E2M1:
+    if scheme.store.kind == "packed_native" and value.bits == 8:
         msg = (
-            f"scheme {scheme}: packed_native stores two 4-bit codes per byte and only fits E2M1, "
-            f"not {value.name}; use with_store('packed_u32') or with_store('native')"
+            f"scheme {scheme}: packed_native packs fields narrower than a byte into bytes, and {value.name} "
+            "fields are a byte each already; use with_store('native')"
         )
         raise SchemeError(msg)
+    _check_mode(scheme)
     if scheme.is_two_level:
         block_dtype = scheme.block_scale
         assert block_dtype is not None
@@ -166,6 +181,51 @@ def _plan(scheme: QuantScheme) -> Plan:
     )
 
 
+def _check_mode(scheme: QuantScheme) -> None:
+    """The affine modes and unsigned values: what each needs of the rest of the scheme."""
+    value, mode = scheme.value, scheme.mode
+    if value.is_unsigned and mode is QuantMode.LOOKUP:
+        msg = (
+            f"scheme {scheme}: lookup mode takes its table index from the signed value of the same width; "
+            f"use q{value.bits}f instead of {value.name}"
+        )
+        raise SchemeError(msg)
+    if value.is_unsigned and not mode.is_affine:
+        msg = (
+            f"scheme {scheme}: {value.name} codes are unsigned, so {mode.value} mode could not give a negative "
+            f"number; add ':zero_point' (x = s * (q - z)) or ':offset' (x = d * q + m), or use the signed "
+            f"value q{value.bits}f"
+        )
+        raise SchemeError(msg)
+    if not mode.is_affine:
+        return
+    if value.is_float:
+        msg = (
+            f"scheme {scheme}: {mode.value} mode needs integer codes, not the minifloat {value.name}; use e.g. "
+            "'u4' or 'q4f', or drop the mode"
+        )
+        raise SchemeError(msg)
+    if scheme.is_two_level:
+        msg = (
+            f"scheme {scheme}: {mode.value} mode has one level of scales (each with its "
+            f"{'zero point' if mode is QuantMode.ZERO_POINT else 'offset'}); drop tensor:f32 or the block level"
+        )
+        raise SchemeError(msg)
+    if mode is QuantMode.OFFSET:
+        if not value.is_unsigned:
+            msg = (
+                f"scheme {scheme}: offset mode (x = d * q + m) counts codes up from the offset, so it needs an "
+                f"unsigned value such as u{value.bits}, not {value.name}"
+            )
+            raise SchemeError(msg)
+        if scheme.scale_dtype not in (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16):
+            msg = (
+                f"scheme {scheme}: offset mode stores its offsets in the scale dtype, and offsets may be negative; "
+                f"use f32, f16 or bf16 scales, not {scheme.scale_dtype.name}"
+            )
+            raise SchemeError(msg)
+
+
 def check_rounding(rounding: str, plan: Plan) -> str:
     """Validate the ``rounding`` option against the plan."""
     if rounding not in ROUNDINGS:
@@ -181,10 +241,14 @@ def check_rounding(rounding: str, plan: Plan) -> str:
 
 
 # (value, block, scale dtype) of the one-level schemes that are GGUF block types -> the type whose
-# ggml reference quantizer calibration="ggml" runs (TQ1_0's is TQ2_0's: the same codes and scales)
+# ggml reference quantizer calibration="ggml" runs (TQ1_0's is TQ2_0's: the same codes and scales).
+# The unsigned values are offset-mode schemes (x = d * q + m); the others symmetric.
 _GGML_KINDS = {
     (QuantValue.Q8F, 32, ScaleDtype.F16): "Q8_0",
     (QuantValue.Q4F, 32, ScaleDtype.F16): "Q4_0",
+    (QuantValue.Q5F, 32, ScaleDtype.F16): "Q5_0",
+    (QuantValue.U4, 32, ScaleDtype.F16): "Q4_1",
+    (QuantValue.U5, 32, ScaleDtype.F16): "Q5_1",
     (QuantValue.Q2S, 256, ScaleDtype.F16): "TQ2_0",
     (QuantValue.E2M1, 32, ScaleDtype.UE8M0): "MXFP4",
     (QuantValue.E2M1, 16, ScaleDtype.UE4M3): "NVFP4",
@@ -193,7 +257,10 @@ _GGML_KINDS = {
 
 def ggml_kind(plan: Plan) -> str | None:
     """The GGUF type whose ggml quantizer gives ``plan``'s codes and scales, or None."""
-    if plan.two_level or plan.block is None or len(plan.block.dims) != 1 or plan.scheme.mode is QuantMode.LOOKUP:
+    if plan.two_level or plan.block is None or len(plan.block.dims) != 1:
+        return None
+    want = QuantMode.OFFSET if plan.value.is_unsigned else QuantMode.SYMMETRIC
+    if plan.scheme.mode is not want:
         return None
     return _GGML_KINDS.get((plan.value, plan.block.dims[0], plan.scale_dtype))
 
@@ -333,7 +400,10 @@ def check_calibration_spec(calibration: Any, plan: Plan) -> CalSpec:
             spec = CalSpec(cal)
     kind = spec.kind
     if kind is Calibration.GGML and ggml_kind(plan) is None:
-        maps = "; ".join(f"{v.value}:block{b}:{d.name.lower()} ({t})" for (v, b, d), t in _GGML_KINDS.items())
+        maps = "; ".join(
+            f"{v.value}:block{b}:{d.name.lower()}{':offset' if v.is_unsigned else ''} ({t})"
+            for (v, b, d), t in _GGML_KINDS.items()
+        )
         msg = (
             f"calibration 'ggml' is llama.cpp's quantizer for the GGUF block types, and {plan.scheme} is none of "
             f"them; it is defined for {maps} (any store). Use calibration='minmax' for other schemes"

@@ -8,7 +8,7 @@ from array_api_compat import device as device_of
 
 from ..invariants import Plan
 
-__all__ = ["dequantize_int", "quantize_int", "safe_divisor"]
+__all__ = ["dequantize_int", "quantize_int", "round_codes", "safe_divisor"]
 
 
 def safe_divisor(eff: Any, *, xp: Any) -> Any:
@@ -24,6 +24,11 @@ def _round_half_away(y: Any, *, xp: Any) -> Any:
     return xp.where(tie, xp.add(t, xp.sign(y)), xp.round(y))
 
 
+def round_codes(y: Any, rounding: str, *, xp: Any) -> Any:
+    """``y`` rounded to integers (still f32): ties to even, or away from zero for ``"half_away"``."""
+    return xp.round(y) if rounding == "half_even" else _round_half_away(y, xp=xp)
+
+
 def quantize_int(x: Any, eff: Any, plan: Plan, *, rounding: str, scrub_nan: bool, xp: Any) -> Any:
     """int8 codes of f32 ``x`` over a broadcastable effective scale ``eff``.
 
@@ -32,13 +37,13 @@ def quantize_int(x: Any, eff: Any, plan: Plan, *, rounding: str, scrub_nan: bool
     so that inf over a zero scale never forms inf/inf.
     """
     if not scrub_nan:
-        y = xp.divide(x, safe_divisor(eff, xp=xp))
-        r = xp.round(y) if rounding == "half_even" else _round_half_away(y, xp=xp)
+        r = round_codes(xp.divide(x, safe_divisor(eff, xp=xp)), rounding, xp=xp)
     else:
         dev = device_of(eff)
         zero = eff == 0
-        y = xp.divide(x, xp.where(zero, xp.asarray(1.0, dtype=eff.dtype, device=dev), eff))
-        r = xp.round(y) if rounding == "half_even" else _round_half_away(y, xp=xp)
+        r = round_codes(
+            xp.divide(x, xp.where(zero, xp.asarray(1.0, dtype=eff.dtype, device=dev), eff)), rounding, xp=xp
+        )
         r = xp.where(xp.logical_or(xp.isnan(r), zero), xp.asarray(0.0, dtype=r.dtype, device=dev), r)
     r = xp.clip(r, float(plan.qmin), float(plan.qmax))
     return xp.astype(r, xp.int8)

@@ -14,7 +14,7 @@ from array_api_compat import device as device_of
 
 from ..scheme import ScaleDtype
 
-__all__ = ["pow2_tables", "round_up_scales"]
+__all__ = ["pow2_tables", "round_down_signed", "round_up_scales"]
 
 
 @functools.cache  # why: built in Python for every row slab otherwise
@@ -41,6 +41,28 @@ def round_up_scales(s: Any, dtype: ScaleDtype, *, xp: Any) -> Any:
     >>> [float(v) for v in round_up_scales(s, ScaleDtype.UE4M3, xp=xp)] == [0.3125, 2.0**-9, 448.0, 0.0]
     True
     """
+    return _round_onto(s, dtype, xp.ceil, xp=xp)
+
+
+def round_down_signed(m: Any, dtype: ScaleDtype, *, xp: Any) -> Any:
+    """Round f32 values of either sign down (toward -inf) onto ``dtype``'s grid (F32, F16 or BF16).
+
+    Offsets are stored this way, so that an offset never passes the smallest value it stands
+    for. Beyond the dtype's range values saturate at its largest magnitude.
+
+    >>> import array_api_strict as xp
+    >>> m = xp.asarray([0.1, -0.1, 2.0, -70000.0], dtype=xp.float32)
+    >>> [float(v) for v in round_down_signed(m, ScaleDtype.F16, xp=xp)]
+    [0.0999755859375, -0.10003662109375, 2.0, -65504.0]
+    """
+    mag = xp.abs(m)  # both roundings of |m|: no branch sees a negative value (no overflow, lazily either)
+    up = _round_onto(mag, dtype, xp.ceil, xp=xp)
+    down = _round_onto(mag, dtype, xp.floor, xp=xp)
+    return xp.where(m < 0, xp.negative(up), down)
+
+
+def _round_onto(s: Any, dtype: ScaleDtype, step: Any, *, xp: Any) -> Any:
+    """Non-negative f32 ``s`` onto ``dtype``'s grid with ``step`` (``ceil`` up, ``floor`` down)."""
     dev = device_of(s)
     if dtype is ScaleDtype.F32:
         return xp.add(s, xp.asarray(0.0, dtype=s.dtype, device=dev))  # -0.0 -> +0.0
@@ -52,7 +74,7 @@ def round_up_scales(s: Any, dtype: ScaleDtype, *, xp: Any) -> Any:
     j = xp.searchsorted(xp.asarray(thresholds, dtype=f32, device=dev), a, side="right")
     pa = xp.take(xp.asarray(up_a, dtype=f32, device=dev), j)
     pb = xp.take(xp.asarray(up_b, dtype=f32, device=dev), j)
-    n = xp.ceil(xp.multiply(xp.multiply(a, pa), pb))
+    n = step(xp.multiply(xp.multiply(a, pa), pb))
     down_a = xp.asarray(inv_a, dtype=f32, device=dev)
     down_b = xp.asarray(inv_b, dtype=f32, device=dev)
     r = xp.multiply(xp.multiply(n, xp.take(down_a, j)), xp.take(down_b, j))

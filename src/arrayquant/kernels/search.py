@@ -36,14 +36,18 @@ __all__ = [
     "block_errors",
     "count_below",
     "element_weights",
+    "error_unit",
     "kth_smallest",
     "nearest_rank",
     "norm_tables",
+    "order_statistics",
     "percentile_alpha",
+    "percentile_bounds",
     "pow_norm",
     "row_errors",
     "search_blocks",
     "select",
+    "signed_counts",
 ]
 
 _FRAC_BITS = 14
@@ -124,7 +128,7 @@ def _tree_blocks(v: Any, *, xp: Any) -> Any:
     return pairwise_sum(xp.reshape(v, (*grid, block)), xp=xp)
 
 
-def _unit(amax: Any, *, xp: Any) -> Any:
+def error_unit(amax: Any, *, xp: Any) -> Any:
     """``2^K >= amax``: the power of two the element errors are measured in."""
     return round_up_scales(amax, ScaleDtype.UE8M0, xp=xp)
 
@@ -171,6 +175,7 @@ def search_blocks(
     scale_of: Callable[[Any], Any],
     roundtrip: Callable[[Any, Any], Any],
     xp: Any,
+    unit_of: Any = None,
 ) -> Any:
     """The chosen ``alpha`` per block (grid-shaped, f32) among ``factors * amax``.
 
@@ -178,10 +183,11 @@ def search_blocks(
     ``weights``: per-element weights of ``x``'s shape. ``scale_of(alpha)`` gives the effective
     (stored, times any global) scale grid of a candidate, ``roundtrip(xb, eff_b)`` the dequantized
     block view. Candidates are tried in order; a later one wins only with a strictly smaller error.
+    Errors are measured in the power of two not below ``unit_of`` (default ``amax``) per block.
     """
     xb = as_blocks(pad_to_blocks(x, dims, xp=xp, edge=False), dims, xp=xp)
     wb = as_blocks(pad_to_blocks(weights, dims, xp=xp, edge=False), dims, xp=xp)  # padding weighs 0
-    unit_b = grid_as_blocks(_unit(amax, xp=xp), xp=xp)
+    unit_b = grid_as_blocks(error_unit(amax if unit_of is None else unit_of, xp=xp), xp=xp)
 
     def candidates() -> Iterator[tuple[Any, Any]]:
         for f in factors:
@@ -217,31 +223,119 @@ def percentile_alpha(a: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, x
     padded block moves up by the padding count.
     """
     dev = device_of(a)
-    shape = tuple(a.shape)
-    rank = len(shape)
     v = as_blocks(pad_to_blocks(a, dims, xp=xp, edge=False), dims, xp=xp)
+    index = _rank_index(tuple(a.shape), dims, q_num, q_den, xp=xp, device=dev)
+    return _pick(_sorted_rows(v, xp=xp), index, xp.asarray(0.0, dtype=xp.float32, device=dev), xp=xp)
+
+
+def _sorted_rows(v: Any, *, xp: Any) -> Any:
+    """A ``(g0, b0, g1, b1, ...)`` block view as ``(*grid, block)``, each block sorted ascending (row-major)."""
+    rank = v.ndim // 2
     grid = tuple(v.shape[2 * i] for i in range(rank))
-    block = math.prod(dims)
+    block = math.prod(v.shape[2 * i + 1] for i in range(rank))
     v = xp.permute_dims(v, tuple(range(0, 2 * rank, 2)) + tuple(range(1, 2 * rank, 2)))
-    v = xp.sort(xp.reshape(v, (*grid, block)), axis=-1)
+    return xp.sort(xp.reshape(v, (*grid, block)), axis=-1)
+
+
+def _rank_index(shape: tuple[int, ...], dims: tuple[int, ...], q_num: int, q_den: int, *, xp: Any, device: Any) -> Any:
+    """Per block (grid-shaped int32): where its ``ceil(q * n)``-th smallest real element lies once sorted.
+
+    The padding of a partial block (``block - n`` elements) must sort first, so the index is
+    ``block - n + k - 1``.
+    """
+    rank = len(shape)
+    grid = tuple(-(-n // b) for n, b in zip(shape, dims, strict=True))
+    block = math.prod(dims)
     # a block's element count is the product of its per-axis counts (only edge blocks are partial);
     # the few distinct counts get their rank in Python, exactly: ceil(q * n) = -((-q_num * n) // q_den)
     per_axis = [[min(b, n - g * b) for g in range(gn)] for n, b, gn in zip(shape, dims, grid, strict=True)]
-    count = xp.ones(grid, dtype=xp.int32, device=dev)
+    count = xp.ones(grid, dtype=xp.int32, device=device)
     for axis, line in enumerate(per_axis):
-        row = xp.asarray(line, dtype=xp.int32, device=dev)
+        row = xp.asarray(line, dtype=xp.int32, device=device)
         count = xp.multiply(count, xp.reshape(row, (1,) * axis + (len(line),) + (1,) * (rank - axis - 1)))
     sizes = {1}
     for line in per_axis:
         sizes = {a * b for a in sizes for b in set(line)}
-    index = xp.zeros(grid, dtype=xp.int32, device=dev)
+    index = xp.zeros(grid, dtype=xp.int32, device=device)
     for n in sorted(sizes):
         k = nearest_rank(n, q_num, q_den)
-        index = xp.where(count == n, xp.asarray(block - n + k - 1, dtype=xp.int32, device=dev), index)
-    pos = xp.reshape(xp.arange(block, dtype=xp.int32, device=dev), (1,) * rank + (block,))
-    hit = pos == xp.reshape(index, (*grid, 1))
-    zero = xp.asarray(0.0, dtype=xp.float32, device=dev)
-    return xp.max(xp.where(hit, v, zero), axis=-1)
+        index = xp.where(count == n, xp.asarray(block - n + k - 1, dtype=xp.int32, device=device), index)
+    return index
+
+
+def _pick(rows: Any, index: Any, fill: Any, *, xp: Any) -> Any:
+    """``rows[..., index]`` per block of sorted ``(*grid, block)`` rows; ``fill`` sorts first (a max of ``where``)."""
+    block = int(rows.shape[-1])
+    rank = rows.ndim - 1
+    pos = xp.reshape(xp.arange(block, dtype=xp.int32, device=device_of(rows)), (1,) * rank + (block,))
+    hit = pos == xp.reshape(index, (*tuple(index.shape), 1))
+    return xp.max(xp.where(hit, rows, fill), axis=-1)
+
+
+def percentile_bounds(x: Any, dims: tuple[int, ...], q_num: int, q_den: int, *, xp: Any) -> tuple[Any, Any]:
+    """``(lo, hi)`` per block (``dims`` not empty): the ``k``-th largest and ``k``-th smallest of ``x``.
+
+    ``x`` is f32 of either sign; with ``n`` real elements in a block ``k = ceil(q * n)`` (at least
+    1, ``q = q_num / q_den``). Each block is sorted with ``-inf`` padding, which sorts first and is
+    never picked; ``lo`` comes from the sorted negated block (negation is exact, so it is one of the
+    block's own values). Zeros come back as ``+0.0`` (no sort decides between ``-0.0`` and ``0.0``).
+    NaN sorts last on every backend here; callers that may see it check the data themselves.
+    """
+    dev = device_of(x)
+    f32 = xp.float32
+    shape = tuple(x.shape)
+    real = pad_to_blocks(xp.ones(shape, dtype=xp.bool, device=dev), dims, xp=xp, edge=False)
+    padded = pad_to_blocks(x, dims, xp=xp, edge=False)
+    ninf = xp.asarray(-math.inf, dtype=f32, device=dev)
+    index = _rank_index(shape, dims, q_num, q_den, xp=xp, device=dev)
+    plus_zero = xp.asarray(0.0, dtype=f32, device=dev)
+
+    def kth(v: Any) -> Any:
+        rows = _sorted_rows(as_blocks(xp.where(real, v, ninf), dims, xp=xp), xp=xp)
+        return _pick(rows, index, ninf, xp=xp)
+
+    hi = xp.add(kth(padded), plus_zero)
+    lo = xp.add(xp.negative(kth(xp.negative(padded))), plus_zero)
+    return lo, hi
+
+
+def signed_counts(a: Any, sign: Any, value: Any, *, xp: Any) -> Any:
+    """Per lane ``j`` of ``(2,)`` ``sign`` (+1 or -1) and ``value``: how many ``sign[j] * a`` are below ``value[j]``.
+
+    The count function of :func:`order_statistics` over one slab: shape ``(2,)``, index dtype.
+    Multiplying by -1 is exact negation, so each lane counts the data or its negation exactly.
+    """
+    return xp.concat([count_below(xp.multiply(a, sign[j : j + 1]), value[j : j + 1], xp=xp) for j in range(2)])
+
+
+def order_statistics(count: Callable[[Any, Any], Any], n: int, k: int, *, xp: Any, device: Any) -> tuple[Any, Any]:
+    """The ``k``-th largest and ``k``-th smallest of ``n`` finite f32 values of either sign, ``(1,)`` each.
+
+    From counts alone, as :func:`kth_smallest`: ``count(sign, value)`` (both ``(2,)`` f32) counts,
+    per lane ``j``, the values ``y`` with ``sign[j] * y < value[j]`` (see :func:`signed_counts`).
+    Lane 0 looks for the ``k``-th smallest of ``x``, lane 1 for that of ``-x`` (minus the ``k``-th
+    largest of ``x``). A first pass counts each lane's negatives: where the answer ``z_(k)`` is
+    negative (at least ``k`` values below 0) the lane searches ``-z`` instead, whose
+    ``(n - k + 1)``-th smallest is ``-z_(k) > 0``. Either way the answer is a non-negative value
+    found bit by bit from the top of its pattern (31 counting passes, both lanes in each); values
+    below 0 always count as below a candidate, so they need no restriction. 32 passes in all,
+    nothing sorted or read back. ``-0.0`` counts as 0 and zeros come back as ``+0.0``.
+    """
+    f32, i32 = xp.float32, xp.int32
+    lanes = xp.asarray([1.0, -1.0], dtype=f32, device=device)
+    below_zero = count(lanes, xp.zeros((2,), dtype=f32, device=device))
+    rank = xp.asarray(k, dtype=below_zero.dtype, device=device)
+    negative = below_zero >= rank
+    sign = xp.where(negative, xp.negative(lanes), lanes)
+    rank = xp.where(negative, xp.asarray(n - k + 1, dtype=below_zero.dtype, device=device), rank)
+    key = xp.zeros((2,), dtype=i32, device=device)
+    for bit in range(30, -1, -1):
+        cand = xp.bitwise_or(key, xp.asarray(1 << bit, dtype=i32, device=device))
+        key = xp.where(count(sign, _key_value(cand, xp=xp, device=device)) < rank, cand, key)
+    mag = _key_value(key, xp=xp, device=device)
+    stat = xp.where(negative, xp.negative(mag), mag)  # z_(k) per lane; never -0.0 (mag > 0 where negative)
+    lo = xp.subtract(xp.asarray(0.0, dtype=f32, device=device), stat[1:2])  # 0 - 0 = +0.0
+    return lo, stat[0:1]
 
 
 def nearest_rank(n: int, q_num: int, q_den: int) -> int:

@@ -154,9 +154,15 @@ def run(qt: QuantizedTensor, m: Move) -> QuantizedTensor:
         like = qt if m.fallback == qt.scheme else replace(qt, scheme=m.fallback)
         return requantize(m.data(floats(qt)), like)
     codes = m.data(qt.codes())
-    scales = qt.scales if m.grid is None else m.grid(qt.scales)
+    move = (lambda g: g) if m.grid is None else m.grid
+    scales = move(qt.scales)
     shape = tuple(int(n) for n in codes.shape)
-    return QuantizedTensor(m.scheme, shape, qt.dtype, pack(codes, m.scheme), scales, qt.global_scale, qt.table)
+    # the zero points or offsets of an affine scheme sit on the scale grid and move with it
+    zp = None if qt.zero_point is None else move(qt.zero_point)
+    offset = None if qt.offset is None else move(qt.offset)
+    return QuantizedTensor(
+        m.scheme, shape, qt.dtype, pack(codes, m.scheme), scales, qt.global_scale, qt.table, zp, offset
+    )
 
 
 def check_result_shape(shape: Sequence[int], what: str, fix: str = "ask for a smaller result") -> None:

@@ -220,6 +220,8 @@ def _integer_reason(qt: QuantizedTensor, name: str) -> str:
     scheme = qt.scheme
     if scheme.value.is_float:
         return f"{name} holds {scheme.value.value} minifloat codes, not integers"
+    if scheme.mode.is_affine:
+        return f"{name} is in {scheme.mode.value} mode: its values are not its codes times a scale"
     if scheme.mode is not QuantMode.SYMMETRIC or qt.table is not None:
         return f"{name} uses a lookup table, not integer codes"
     if scheme.is_two_level:

@@ -510,7 +510,9 @@ def _shareable(qts: list[QuantizedTensor], xp: Any) -> bool:
             return False
         if not _same(q.table, first.table, xp):
             return False
-        if first.scheme.block_size is None and not _same(q.scales, first.scales, xp):
+        if first.scheme.block_size is None and not all(
+            _same(getattr(q, part), getattr(first, part), xp) for part in ("scales", "zero_point", "offset")
+        ):
             return False
     return True
 
@@ -544,10 +546,21 @@ def _concat_run(items: list[QuantizedTensor], ax: int, exact: bool) -> Quantized
         return requantize(xp.concat([floats(q) for q in items], axis=ax), first)
     codes = xp.concat([q.codes() for q in items], axis=ax)
     blocked = first.scheme.block_size is not None
-    scales = xp.concat([q.scales for q in items], axis=ax) if blocked else first.scales
+    grids = {}
+    for part in ("scales", "zero_point", "offset"):
+        own = getattr(first, part)
+        grids[part] = own if own is None or not blocked else xp.concat([getattr(q, part) for q in items], axis=ax)
     shape = tuple(int(n) for n in codes.shape)
     return QuantizedTensor(
-        first.scheme, shape, first.dtype, pack(codes, first.scheme), scales, first.global_scale, first.table
+        first.scheme,
+        shape,
+        first.dtype,
+        pack(codes, first.scheme),
+        grids["scales"],
+        first.global_scale,
+        first.table,
+        grids["zero_point"],
+        grids["offset"],
     )
 
 

@@ -38,6 +38,12 @@ class QuantScheme:
     (<ScaleDtype.F16: 'f16'>, 1)
     >>> QuantScheme.nvfp4().is_two_level
     True
+
+    Beyond Burn, the affine modes add a zero point (``x = s * (q - z)``) or an offset
+    (``x = d * q + m``) per scale:
+
+    >>> QuantScheme.parse("u4:block128:bf16:zero_point").with_mode("offset").spelled_out()
+    'u4:block128:bf16:offset'
     """
 
     value: QuantValue = QuantValue.Q8F
@@ -82,7 +88,7 @@ class QuantScheme:
         return dataclasses.replace(self, store=QuantStore.coerce(store))
 
     def with_mode(self, mode: QuantMode | str) -> QuantScheme:
-        """The same scheme with another mode."""
+        """The same scheme with another mode (``"symmetric"``, ``"lookup"``, ``"zero_point"``, ``"offset"``)."""
         return dataclasses.replace(self, mode=QuantMode.coerce(mode))
 
     def with_scale_rule(self, rule: str) -> QuantScheme:
@@ -216,11 +222,14 @@ class QuantScheme:
 
         Tokens are ``:``-separated: the value first, then in any order ``block<N>[x<M>...]
         [:dtype]``, ``tensor[:dtype]``, a store (``native``, ``packed_u32[:dim]``,
-        ``packed_native[:dim]``), a mode (``symmetric``, ``lookup``), a scale rule (``round_up``,
-        ``ocp``) and a codebook (``nf4``, which implies ``lookup``). A missing dtype is f32.
+        ``packed_native[:dim]``), a mode (``symmetric``, ``lookup``, ``zero_point``, ``offset``), a
+        scale rule (``round_up``, ``ocp``) and a codebook (``nf4``, which implies ``lookup``). A
+        missing dtype is f32.
 
         >>> QuantScheme.parse("q8s:block16:ue4m3:tensor:f32:native").is_two_level
         True
+        >>> QuantScheme.parse("u4:block32:f16:offset").mode
+        <QuantMode.OFFSET: 'offset'>
         """
         if not isinstance(text, str):
             msg = f"scheme text must be a str, got {type(text).__name__}"
@@ -282,7 +291,7 @@ class QuantScheme:
                     msg = f"store dim {dim[:60]!r} in {text[:120]!r} is too large; the dim is a small axis number"
                     raise SchemeError(msg)
                 set_once("store", QuantStore(tok, int(dim) if dim else 0), tok)
-            elif tok in ("symmetric", "lookup"):
+            elif tok in _MODES:
                 set_once("mode", QuantMode.coerce(tok), tok)
             elif tok in SCALE_RULES:
                 set_once("scale_rule", tok, tok)
@@ -291,7 +300,8 @@ class QuantScheme:
             else:
                 msg = (
                     f"unknown token {tok!r} in scheme text {text!r}; expected block<N>[:dtype], "
-                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric, lookup, round_up, ocp "
+                    "tensor[:dtype], native, packed_u32[:dim], packed_native[:dim], symmetric, lookup, zero_point, "
+                    "offset, round_up, ocp "
                     f"or a codebook ({', '.join(CODEBOOKS)})"
                 )
                 raise SchemeError(msg)
@@ -309,6 +319,10 @@ PRESETS = {
     "q8_0": lambda: QuantScheme.parse("q8f:block32:f16"),
     "q4_0": lambda: QuantScheme.parse("q4f:block32:f16"),
     "tq2_0": lambda: QuantScheme.parse("q2s:block256:f16"),
+    "q4_1": lambda: QuantScheme.parse("u4:block32:f16:offset"),
+    "q5_0": lambda: QuantScheme.parse("q5f:block32:f16"),
+    "q5_1": lambda: QuantScheme.parse("u5:block32:f16:offset"),
 }
 # accepted by parse, never printed: str() keeps the spelled-out form for these schemes
-_ALIASES = frozenset({"q8_0", "q4_0", "tq2_0"})
+_ALIASES = frozenset({"q8_0", "q4_0", "tq2_0", "q4_1", "q5_0", "q5_1"})
+_MODES = tuple(m.value for m in QuantMode)

@@ -29,7 +29,16 @@ def coerce_enum(cls: Any, value: Any, what: str) -> Any:
 
 
 class QuantValue(enum.Enum):
-    """The quantized value kind: its bit width, range and whether it is a minifloat."""
+    """The quantized value kind: its bit width, range and whether it is a minifloat.
+
+    Burn's kinds are Q8F/Q4F/Q2F (full two's complement range, ``-2^(b-1) .. 2^(b-1) - 1``),
+    Q8S/Q4S/Q2S (symmetric, ``-(2^(b-1) - 1) .. 2^(b-1) - 1``) and the minifloats. arrayquant adds
+    the other signed widths (Q7F ... Q3F, Q7S ... Q3S) and unsigned codes ``U1 .. U8``
+    (``0 .. 2^b - 1``), which need a zero point or an offset to stand for negative numbers.
+
+    >>> QuantValue.Q5F.range, QuantValue.U4.range, QuantValue.U4.is_unsigned
+    ((-16, 15), (0, 15), True)
+    """
 
     Q8F = "q8f"
     Q4F = "q4f"
@@ -40,6 +49,22 @@ class QuantValue(enum.Enum):
     E4M3 = "e4m3"
     E5M2 = "e5m2"
     E2M1 = "e2m1"
+    Q7F = "q7f"
+    Q6F = "q6f"
+    Q5F = "q5f"
+    Q3F = "q3f"
+    Q7S = "q7s"
+    Q6S = "q6s"
+    Q5S = "q5s"
+    Q3S = "q3s"
+    U8 = "u8"
+    U7 = "u7"
+    U6 = "u6"
+    U5 = "u5"
+    U4 = "u4"
+    U3 = "u3"
+    U2 = "u2"
+    U1 = "u1"
 
     @property
     def bits(self) -> int:
@@ -56,6 +81,16 @@ class QuantValue(enum.Enum):
     def is_float(self) -> bool:
         """True for the minifloat values E4M3, E5M2 and E2M1."""
         return self in (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
+
+    @property
+    def is_unsigned(self) -> bool:
+        """True for the unsigned integer codes ``U1 .. U8``."""
+        return self.value.startswith("u")
+
+    @property
+    def is_burn(self) -> bool:
+        """True for the value kinds Burn itself has (Q8/Q4/Q2 F and S, E4M3, E5M2, E2M1)."""
+        return self in _BURN_VALUES
 
     @property
     def span(self) -> float:
@@ -81,17 +116,36 @@ _VALUE_INFO: dict[QuantValue, tuple[int, tuple[Any, Any]]] = {
     QuantValue.E5M2: (8, (-57344.0, 57344.0)),
     QuantValue.E2M1: (4, (-6.0, 6.0)),
 }
+_BURN_VALUES = frozenset(_VALUE_INFO)
+for _b in (7, 6, 5, 3):
+    _VALUE_INFO[QuantValue(f"q{_b}f")] = (_b, (-(1 << (_b - 1)), (1 << (_b - 1)) - 1))
+    _VALUE_INFO[QuantValue(f"q{_b}s")] = (_b, (-((1 << (_b - 1)) - 1), (1 << (_b - 1)) - 1))
+for _b in range(1, 9):
+    _VALUE_INFO[QuantValue(f"u{_b}")] = (_b, (0, (1 << _b) - 1))
 
 
 class QuantMode(enum.Enum):
-    """How a stored field maps back to a number."""
+    """How a stored field maps back to a number.
+
+    ``SYMMETRIC``: ``x = s * q`` (Burn's). ``LOOKUP``: ``x = s * table[q]``. ``ZERO_POINT``:
+    ``x = s * (q - z)`` with an integer zero point ``z`` per scale, as ONNX, compressed-tensors and
+    AWQ store it. ``OFFSET``: ``x = d * q + m`` with a float offset ``m`` per scale, as ggml's
+    Q4_1/Q5_1 and HQQ store it. The last two are arrayquant's affine modes, beyond Burn.
+    """
 
     SYMMETRIC = "symmetric"
     LOOKUP = "lookup"
+    ZERO_POINT = "zero_point"
+    OFFSET = "offset"
+
+    @property
+    def is_affine(self) -> bool:
+        """True for the modes with a second parameter per scale (zero point or offset)."""
+        return self in (QuantMode.ZERO_POINT, QuantMode.OFFSET)
 
     @classmethod
     def coerce(cls, value: Any) -> QuantMode:
-        """Accept a member or its name (``"symmetric"``, ``"lookup"``)."""
+        """Accept a member or its name (``"symmetric"``, ``"lookup"``, ``"zero_point"``, ``"offset"``)."""
         result: QuantMode = coerce_enum(cls, value, "quantization mode")
         return result
 

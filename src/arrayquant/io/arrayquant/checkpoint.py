@@ -23,8 +23,8 @@ import numpy as np
 
 from ...backends import dask_graph, default, shim
 from ...errors import BackendUnavailableError, ShapeError
-from ...invariants import Plan, check_params, check_shape, plan_for
-from ...scheme import QParams, ScaleDtype
+from ...invariants import Plan, check_params, check_shape, check_zero, plan_for
+from ...scheme import QParams, QuantMode, ScaleDtype
 from ...storage import check_values, values_layout
 from ...tensor import QuantizedTensor, dtype_name
 from ..burn.bytes import encode_scales
@@ -63,32 +63,44 @@ class _Stored(NamedTuple):
     scales: Any
     glob: Any
     table: Any
+    zero: Any = None  # zero points (code dtype) or offsets (f32) of an affine scheme
 
 
 def _validated(name: str, qt: QuantizedTensor) -> _Stored:
     plan = plan_for(qt.scheme)
     shape = check_shape(qt.shape, f"{name}.shape")
     xp = compat.array_namespace(qt.values)
-    scales, glob, tab = check_params(
-        QParams(qt.scales, qt.global_scale, qt.table), plan, shape, xp, compat.device(qt.values), what=name
-    )
+    stored = QParams(qt.scales, qt.global_scale, qt.table, qt.zero_point, qt.offset)
+    scales, glob, tab = check_params(stored, plan, shape, xp, compat.device(qt.values), what=name)
+    check_zero(stored, plan, shape, xp, compat.device(qt.values), what=name)
     check_values(qt.values, plan, shape, xp, f"{name}.values")
-    return _Stored(plan, shape, qt.values, scales, glob, tab)
+    zero = qt.zero_point if plan.mode is QuantMode.ZERO_POINT else qt.offset
+    return _Stored(plan, shape, qt.values, scales, glob, tab, zero)
 
 
 def _resolved(stores: list[_Stored]) -> list[_Stored]:
     """Lazy tensors with their small arrays (globals, per-tensor scales, tables) computed, in one pass."""
     per_tensor = [st.plan.block is None for st in stores]
     small = [
-        a for st, pt in zip(stores, per_tensor, strict=True) for a in (st.glob, st.table, st.scales if pt else None)
+        a
+        for st, pt in zip(stores, per_tensor, strict=True)
+        for a in (st.glob, st.table, st.scales if pt else None, st.zero if pt else None)
     ]
-    arrays, found = dask_graph.resolve([a for st in stores for a in (st.values, st.scales)], small)
+    arrays, found = dask_graph.resolve(
+        [a for st, pt in zip(stores, per_tensor, strict=True) for a in (st.values, st.scales, None if pt else st.zero)],
+        small,
+    )
     out = []
     for i, st in enumerate(stores):
-        glob, table, scales = found[3 * i : 3 * i + 3]
+        glob, table, scales, zero = found[4 * i : 4 * i + 4]
+        pt = per_tensor[i]
         out.append(
             st._replace(
-                values=arrays[2 * i], scales=scales if per_tensor[i] else arrays[2 * i + 1], glob=glob, table=table
+                values=arrays[3 * i],
+                scales=scales if pt else arrays[3 * i + 1],
+                glob=glob,
+                table=table,
+                zero=zero if pt else arrays[3 * i + 2],
             )
         )
     return out
@@ -118,6 +130,11 @@ def _stored_entries(name: str, st: _Stored) -> dict[str, Part]:
         out[name + ".global_scale"] = (np.asarray(shim.to_host(st.glob), "<f4").tobytes(), "F32", [1])
     if st.table is not None:
         out[name + ".table"] = (np.asarray(shim.to_host(st.table), "<f4").tobytes(), "F32", list(st.table.shape))
+    if plan.mode is QuantMode.ZERO_POINT:
+        zp = np.asarray(shim.to_host(st.zero)).astype(plan.code_dtype)
+        out[name + ".zero_point"] = (zp.tobytes(), VALUE_DTYPES[plan.code_dtype], grid)
+    elif plan.mode is QuantMode.OFFSET:
+        out[name + ".offset"] = (encode_scales(shim.to_host(st.zero), plan.scale_dtype), kind, grid)
     return out
 
 

@@ -7,6 +7,8 @@ Layout (format 2), per quantized tensor ``name``:
   UE4M3, F8_E8M0 for UE8M0);
 - ``name.global_scale``: the f32 per-tensor scale of a two-level scheme, shape ``(1,)``;
 - ``name.table``: a lookup table, f32;
+- ``name.zero_point`` (zero-point mode): one integer per scale, I8 (U8 for unsigned values),
+  shaped as the scales; ``name.offset`` (offset mode): one offset per scale, in the scales' dtype;
 - in the file's metadata, ``arrayquant.tensor.<name>``: JSON with the scheme, original dtype and
   shape; ``arrayquant.format`` names the format version (``"2"``).
 
@@ -43,8 +45,8 @@ from ...errors import (
     ShapeError,
     UnexpectedGlobalScaleError,
 )
-from ...invariants import Plan, check_params, check_shape, plan_for
-from ...scheme import QParams, QuantScheme, ScaleDtype
+from ...invariants import Plan, check_params, check_shape, check_zero, plan_for
+from ...scheme import QParams, QuantMode, QuantScheme, ScaleDtype
 from ...storage import values_layout
 from ...tensor import QuantizedTensor
 from .. import _dtypes
@@ -69,7 +71,7 @@ READABLE_VERSIONS = ("1", "2")  # "1": values under the tensor's own name
 VALUES_SUFFIX = ".qvalues"
 FORMAT_KEY = "arrayquant.format"  # the metadata key naming the format version
 TENSOR_KEY = "arrayquant.tensor."  # + a quantized tensor's name: the metadata key describing it
-PARTS = (".scales", ".global_scale", ".table")  # a quantized tensor's entries besides its values
+PARTS = (".scales", ".global_scale", ".table", ".zero_point", ".offset")  # entries besides the values
 SIBLINGS = (VALUES_SUFFIX, *PARTS)  # suffixes no tensor name may end with
 # the header dtype of each scale dtype and of each stored values dtype
 SCALE_DTYPES = {
@@ -198,6 +200,15 @@ class Checkpoint(SafetensorsFile):
                     f"{name}.global_scale"
                 )
                 raise UnexpectedGlobalScaleError(msg)
+            for part, mode in ((".zero_point", QuantMode.ZERO_POINT), (".offset", QuantMode.OFFSET)):
+                has = name + part in self.entries
+                if has != (d.plan.mode is mode):
+                    msg = (
+                        f"tensor {name!r} has scheme {d.scheme} ({d.plan.mode.value} mode) and "
+                        f"{'an' if has else 'no'} {name}{part} entry; "
+                        + (f"{mode.value} mode needs one" if not has else f"only {mode.value} mode has one")
+                    )
+                    raise CorruptDataError(msg)
             self._values[values] = name
             self.siblings.update(name + s for s in suffixes)
         stray = [k for k in self.entries if k.endswith(suffixes) and k not in self.siblings]
@@ -279,8 +290,17 @@ class Checkpoint(SafetensorsFile):
             if name + ".table" in self.entries:
                 self._part(name, name + ".table", "F32")
                 table = self.raw(name + ".table").astype(np.float32)
+            zp = offset = None
+            if plan.mode is QuantMode.ZERO_POINT:
+                zp = self._grid_part(name, ".zero_point", VALUE_DTYPES[plan.code_dtype], grid).astype(plan.code_dtype)
+            elif plan.mode is QuantMode.OFFSET:
+                self._grid_part(name, ".offset", SCALE_DTYPES[plan.scale_dtype], grid)
+                offset = decode_scales(self.raw(name + ".offset").tobytes(), plan.scale_dtype, math.prod(grid))
+                offset = offset.reshape(grid)
             xp_np = compat.array_namespace(scales)
-            scales, glob, table = check_params(QParams(scales, glob, table), plan, shape, xp_np, "cpu", what=name)
+            stored = QParams(scales, glob, table, zp, offset)
+            scales, glob, table = check_params(stored, plan, shape, xp_np, "cpu", what=name)
+            check_zero(stored, plan, shape, xp_np, "cpu", what=name)
         except QuantizationError as exc:
             text = str(exc)
             raise type(exc)(text if text.startswith(f"tensor {name!r}") else f"tensor {name!r}: {text}") from None
@@ -290,5 +310,21 @@ class Checkpoint(SafetensorsFile):
         else:
             move = lambda a: None if a is None else shim.convert(a, backend, device)
         return QuantizedTensor(
-            d.scheme, shape, getattr(xp, d.dtype, xp.float32), move(values), move(scales), move(glob), move(table)
+            d.scheme,
+            shape,
+            getattr(xp, d.dtype, xp.float32),
+            move(values),
+            move(scales),
+            move(glob),
+            move(table),
+            zero_point=None if zp is None else move(zp),
+            offset=None if offset is None else move(offset),
         )
+
+    def _grid_part(self, name: str, part: str, want: str, grid: tuple[int, ...]) -> Any:
+        """A grid-shaped part (zero points, offsets) of dtype ``want``, as read."""
+        e = self._part(name, name + part, want)
+        if e.shape != grid:
+            msg = f"tensor {name!r}: {name}{part} has shape {e.shape} but the scales' grid is {grid}"
+            raise ShapeError(msg)
+        return self.raw(name + part)

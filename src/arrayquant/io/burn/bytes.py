@@ -2,6 +2,10 @@
 
 Dense and little-endian. Scales are encoded exactly: a stored scale is already on its dtype's
 grid, so each encoding below is a bit-exact change of representation, not a rounding.
+
+The affine modes are arrayquant's extension of this layout (Burn has no zero points): after
+the scales come the zero points, one byte each (int8, or uint8 for unsigned values), or the
+offsets, each in the scale dtype, in the scale grid's row-major order.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import numpy as np
 
 from ...backends import default, shim
 from ...errors import CorruptDataError, DTypeError, MissingGlobalScaleError, ParamsError
-from ...invariants import Plan, check_params, check_scale_values, check_shape, namespace_of, plan_for
+from ...invariants import Plan, check_params, check_scale_values, check_shape, check_zero, namespace_of, plan_for
 from ...kernels import round_up_scales
 from ...scheme import QParams, QuantMode, QuantScheme, QuantValue, ScaleDtype
-from ...storage import check_values, values_layout
+from ...storage import check_values, values_layout, zero_nbytes
 from ...tensor import QuantizedTensor
 
 __all__ = ["check_codes", "decode_scales", "encode_scales", "from_bytes", "to_bytes"]
@@ -97,6 +101,16 @@ def check_codes(values: np.ndarray, plan: Plan, what: str) -> None:
     Every int8 value decodes (as ``eff * code``) and packed fields are masked to their width,
     but E2M1 in a native store keeps one 4-bit code per byte: a byte above 0x0F is no code.
     """
+    if not plan.value.is_burn and not plan.value.is_float and not plan.scheme.store.is_packed:
+        flat = np.asarray(values).reshape(-1)
+        bad = (flat < plan.qmin) | (flat > plan.qmax)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            msg = (
+                f"{what}: {int(flat[i])} at flat index {i} is not a {plan.value.name} code ({plan.qmin}..{plan.qmax}); "
+                "the data is corrupt"
+            )
+            raise CorruptDataError(msg)
     if plan.value is QuantValue.E2M1 and not plan.scheme.store.is_packed:
         bad = np.asarray(values).reshape(-1) > 0x0F
         if np.any(bad):
@@ -134,6 +148,12 @@ def to_bytes(qt: QuantizedTensor) -> bytes:
     ...     np.array([0.5, 0.125], np.float32), np.array([3.0], np.float32))
     >>> aq.to_bytes(qt).hex(" ")
     '00 19 33 4c 66 7f 80 ff 30 20 00 00 40 40'
+
+    An affine tensor's zero points (or offsets) follow its scales:
+
+    >>> qt = aq.quantize(np.array([-1.0, 0.0, 2.0, 3.0], np.float32), "u8:zero_point:native")
+    >>> aq.to_bytes(qt).hex(" ")  # codes, the f32 scale 4/255, the zero point 64
+    '00 40 bf ff 81 80 80 3c 40'
     """
     if not isinstance(qt, QuantizedTensor):
         msg = f"qt must be an aq.QuantizedTensor, got {type(qt).__name__}"
@@ -141,13 +161,17 @@ def to_bytes(qt: QuantizedTensor) -> bytes:
     plan = plan_for(qt.scheme)
     shape = check_shape(qt.shape, "qt.shape")
     xp = namespace_of(qt.values, "qt.values")
-    scales, glob, _ = check_params(
-        QParams(qt.scales, qt.global_scale, qt.table), plan, shape, xp, compat.device(qt.values), what="qt"
-    )
+    stored = QParams(qt.scales, qt.global_scale, qt.table, qt.zero_point, qt.offset)
+    scales, glob, _ = check_params(stored, plan, shape, xp, compat.device(qt.values), what="qt")
+    zero = check_zero(stored, plan, shape, xp, compat.device(qt.values), what="qt")
     check_values(qt.values, plan, shape, xp, "qt.values")
     _, vdtype = values_layout(plan, shape)
     values = np.ascontiguousarray(shim.to_host(qt.values)).astype(_WIDE[vdtype], copy=False)
     parts = [values.tobytes(), encode_scales(shim.to_host(scales), plan.scale_dtype)]
+    if plan.mode is QuantMode.ZERO_POINT:
+        parts.append(np.asarray(shim.to_host(zero)).astype(plan.code_dtype).reshape(-1).tobytes())
+    elif plan.mode is QuantMode.OFFSET:
+        parts.append(encode_scales(shim.to_host(zero), plan.scale_dtype))
     if glob is not None:
         parts.append(np.asarray(shim.to_host(glob), dtype="<f4").reshape(-1).tobytes())
     return b"".join(parts)
@@ -220,12 +244,15 @@ def from_bytes(
     n_scales = math.prod(plan.grid_shape(shape))
     value_bytes = math.prod(vshape) * np.dtype(_WIDE[vdtype]).itemsize
     scale_bytes = n_scales * plan.scale_dtype.nbytes
+    zero_bytes = n_scales * zero_nbytes(plan)
     glob_bytes = 4 if plan.two_level else 0
-    want = value_bytes + scale_bytes + glob_bytes
+    want = value_bytes + scale_bytes + zero_bytes + glob_bytes
     if len(raw) != want:
         layout = f"values {value_bytes} + scales {n_scales}x{plan.scale_dtype.nbytes} = {scale_bytes}" + (
             " + per-tensor scale 4" if glob_bytes else ""
         )
+        if zero_bytes:
+            layout += f" + {plan.mode.value.replace('_', ' ')}s {n_scales}x{zero_nbytes(plan)} = {zero_bytes}"
         if plan.two_level and len(raw) == want - 4:
             msg = (
                 f"buffer of {len(raw)} bytes for the two-level scheme {plan.scheme} on shape {shape} is exactly "
@@ -251,7 +278,26 @@ def from_bytes(
     if plan.two_level:
         glob = np.frombuffer(raw[value_bytes + scale_bytes :], dtype="<f4", count=1).astype(np.float32)
         check_scale_values(glob, "stored per-tensor scale", np)
+    zp = offset = None
+    zero_raw = raw[value_bytes + scale_bytes : value_bytes + scale_bytes + zero_bytes]
+    if plan.mode is QuantMode.ZERO_POINT:
+        zp = np.frombuffer(zero_raw, dtype=plan.code_dtype, count=n_scales).reshape(plan.grid_shape(shape))
+        flat = zp.reshape(-1)
+        bad = (flat < plan.qmin) | (flat > plan.qmax)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            msg = (
+                f"stored zero point {int(flat[i])} at index {i} lies outside the {plan.value.name} code range "
+                f"{plan.qmin}..{plan.qmax}; the data is corrupt"
+            )
+            raise CorruptDataError(msg)
+        zp = zp.copy()
+    elif plan.mode is QuantMode.OFFSET:
+        offset = decode_scales(zero_raw, plan.scale_dtype, n_scales).reshape(plan.grid_shape(shape))
+        check_scale_values(offset, "stored offsets", np, signed=True)
     name = backend or default().name
     move = lambda a: None if a is None else shim.convert(a, name, device)
     xp = shim.namespace(name)
-    return QuantizedTensor(plan.scheme, shape, xp.float32, move(values), move(scales), move(glob))
+    return QuantizedTensor(
+        plan.scheme, shape, xp.float32, move(values), move(scales), move(glob), zero_point=move(zp), offset=move(offset)
+    )

@@ -39,7 +39,7 @@ from .layout import BURN_COMMIT, U64, is_int, short
 
 __all__ = ["decode_scheme", "encode_scheme"]
 
-_VALUES = {v: v.name for v in QuantValue}  # Q8F, E2M1, ...: arrayquant's enum names are Burn's
+_VALUES = {v: v.name for v in QuantValue if v.is_burn}  # Q8F, E2M1, ...: arrayquant's enum names are Burn's
 _SCALES = {s: s.name for s in ScaleDtype}
 _STORES = {"packed_u32": "PackedU32", "packed_native": "PackedNative"}
 _SCHEME_KEYS = ("value", "store", "mode", "tensor", "block")
@@ -64,8 +64,9 @@ def encode_scheme(scheme: QuantScheme | str) -> dict[str, Any]:
     Raises
     ------
     SchemeError
-        A scheme Burn's ``QuantScheme`` cannot hold: lookup mode (Burn's bytes carry no table) or
-        a block extent above 255 (Burn's ``BlockSize`` holds ``u8`` extents).
+        A scheme Burn's ``QuantScheme`` cannot hold: lookup mode (Burn's bytes carry no table),
+        the zero-point and offset modes, the values Burn lacks (``u4``, ``q5f``, ...), PackedNative
+        for anything but E2M1, or a block extent above 255 (Burn's ``BlockSize`` holds ``u8`` extents).
 
     Examples
     --------
@@ -81,8 +82,22 @@ def encode_scheme(scheme: QuantScheme | str) -> dict[str, Any]:
     holds = (
         "Burnpack's QFloat holds symmetric schemes with block extents up to 255 (q8s, q4s:block32, nvfp4, mxfp8, ...)"
     )
+    if s.mode.is_affine:
+        msg = (
+            f"scheme {s} is in {s.mode.value} mode, and Burn's QuantScheme has no zero points or offsets; {holds}; "
+            "write an arrayquant checkpoint (.safetensors) to keep the affine scheme"
+        )
+        raise SchemeError(msg)
     if s.mode is not QuantMode.SYMMETRIC:
         msg = f"scheme {s} looks values up in a table, which Burn's quantized bytes do not carry; {holds}"
+        raise SchemeError(msg)
+    if not s.value.is_burn:
+        msg = f"scheme {s} has {s.value.name} values, which Burn's QuantValue does not have; {holds}"
+        raise SchemeError(msg)
+    if s.store.kind == "packed_native" and s.value is not QuantValue.E2M1:
+        msg = (
+            f"scheme {s} packs {s.value.name} fields into bytes, which Burn's PackedNative does for E2M1 only; {holds}"
+        )
         raise SchemeError(msg)
     block = None
     if s.block is not None:

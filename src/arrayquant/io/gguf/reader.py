@@ -5,12 +5,13 @@ one at a time. Types map as follows (the exact block maps live in :mod:`arrayqua
 
 - ``F32``, ``F16``, ``F64``, ``I8`` ... ``I64``: arrays of that dtype; ``BF16``: a bfloat16
   array through ml_dtypes (float32 values, with a note, where ml_dtypes is missing);
-- a type whose blocks are exactly an arrayquant scheme (``Q8_0``, ``Q4_0``, ``MXFP4``, ...): a
-  :class:`~arrayquant.QuantizedTensor`, bit for bit;
+- a type whose blocks are exactly an arrayquant scheme (``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0``,
+  ``Q5_1``, ``MXFP4``, ...): a :class:`~arrayquant.QuantizedTensor`, bit for bit (Q4_1 and Q5_1
+  with their per-block offsets ``m`` as ``QuantizedTensor.offset``);
 - ``NVFP4`` with its per-tensor scale as llama.cpp's converter writes it (the F32 tensor
   ``<name>.scale``, ``.weight`` replaced, shape (1,)): one two-level ``nvfp4`` QuantizedTensor;
-- every other type (K-quants, IQ-quants, ``Q4_1``, ``Q5_0``, ``Q5_1``, ``TQ1_0``, ...) and an
-  exact type whose particular blocks are not exact: float32 values through
+- every other type (K-quants, IQ-quants, ``Q8_1``, ...) and an exact type whose particular blocks
+  are not exact (a Q4_1 block with ``d < 0``, say): float32 values through
   ``gguf.quants.dequantize``, with a note naming the type and why.
 """
 

@@ -1,7 +1,7 @@
 """GGUF block types that are arrayquant schemes, bit for bit: GGUF bytes <-> QuantizedTensor.
 
-Each GGUF (ggml) quantized type stores a tensor row by row as blocks along the last axis. Five
-of them are an arrayquant scheme plus a permutation of where codes sit in the block:
+Each GGUF (ggml) quantized type stores a tensor row by row as blocks along the last axis. These
+are an arrayquant scheme plus a permutation of where codes sit in the block:
 
 =========  ===========  =================================  =========================================
 GGUF type  bytes/block  arrayquant scheme                  block layout (ggml-common.h, quants.py)
@@ -10,6 +10,13 @@ GGUF type  bytes/block  arrayquant scheme                  block layout (ggml-co
 ``Q4_0``   18 per 32    ``q4f:block32:f16``                f16 ``d``, 16 bytes: element ``j`` in the
                                                            low nibble of byte ``j``, ``j + 16`` in the
                                                            high one; ``x = (q - 8) * d``
+``Q4_1``   20 per 32    ``u4:block32:f16:offset``          f16 ``d``, f16 ``m``, 16 bytes (nibbles as
+                                                           Q4_0); ``x = q * d + m``
+``Q5_0``   22 per 32    ``q5f:block32:f16``                f16 ``d``, uint32 ``qh`` (bit ``j``: bit 4
+                                                           of element ``j``), 16 bytes of the low 4
+                                                           bits (nibbles as Q4_0); ``x = (q - 16) * d``
+``Q5_1``   24 per 32    ``u5:block32:f16:offset``          f16 ``d``, f16 ``m``, ``qh`` and 16 bytes as
+                                                           Q5_0; ``x = q * d + m``
 ``TQ2_0``  66 per 256   ``q2s:block256:f16``               64 bytes, then f16 ``d``: element
                                                            ``128 c + 32 s + j`` in bits ``2s`` of byte
                                                            ``32 c + j``; ``x = (q - 1) * d``
@@ -27,15 +34,22 @@ GGUF type  bytes/block  arrayquant scheme                  block layout (ggml-co
 is E2M1's code: sign in bit 3), and both FP4 types halve their scale to match, so the value is
 ``E2M1(q) * scale`` exactly as arrayquant's ``eff * decode(code)`` in f32.
 
-Integer blocks keep the sign of their f16 ``d``: llama.cpp writes Q4_0 with ``d = max / -8``, so
-every block whose largest-magnitude element is positive has ``d < 0`` (about half of them), and
-an all-zero block ``d = -0.0``. Those scales are stored as they are (arrayquant allows negative
-scales under integer codes with F32/F16/BF16 scales), so ``code * d`` is ggml's value bit for bit,
-``-0.0`` included, and every real Q4_0 / Q8_0 file reads as a tensor.
+Symmetric integer blocks keep the sign of their f16 ``d``: llama.cpp writes Q4_0 with
+``d = max / -8`` (Q5_0 with ``max / -16``), so every block whose largest-magnitude element is
+positive has ``d < 0`` (about half of them), and an all-zero block ``d = -0.0``. Those scales are
+stored as they are (arrayquant allows negative scales under symmetric integer codes with
+F32/F16/BF16 scales), so ``code * d`` is ggml's value bit for bit, ``-0.0`` included, and every
+real Q4_0 / Q5_0 / Q8_0 file reads as a tensor. In arrayquant's code ``c = q - 8`` (``q - 16``).
+
+Q4_1 and Q5_1 are arrayquant's offset mode: the unsigned code ``q`` is arrayquant's code, ``d`` its
+scale and ``m`` its offset (``QuantizedTensor.offset``), both f16 values held as f32; ``d * q``
+rounded to f32, then ``+ m``, is ``dequantize_row_q4_1`` / ``_q5_1`` and gguf-py's value.
 
 Where the bytes are not an arrayquant tensor (:func:`decode` says which block and why):
 
 - TQ2_0's 2-bit field 3 means ``+2 * d``, outside q2s; llama.cpp never writes it.
+- A Q4_1 / Q5_1 ``d < 0`` (arrayquant's offset-mode scales are ``>= 0``; ggml writes
+  ``d = (max - min) / 15`` or ``/ 31``, never negative), or a non-finite ``m``.
 - A non-finite f16 ``d``; an MXFP4 ``e = 255`` (ggml reads ``2^127``, OCP MX and arrayquant NaN);
   an NVFP4 scale byte ``0xFF`` (ggml ignores bit 7 and reads exponent 15, mantissa 7: 480 > 448).
 - GGUF's FP4 table has no ``-0``: nibble 8 is ``+0``. :func:`decode` reads it as code 0;
@@ -84,11 +98,14 @@ __all__ = [
     "type_of",
 ]
 
-EXACT: tuple[str, ...] = ("Q8_0", "Q4_0", "TQ2_0", "TQ1_0", "MXFP4", "NVFP4")
+EXACT: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ2_0", "TQ1_0", "MXFP4", "NVFP4")
 
 _SCHEME_TEXT = {
     "Q8_0": "q8f:block32:f16",
     "Q4_0": "q4f:block32:f16",
+    "Q4_1": "u4:block32:f16:offset",
+    "Q5_0": "q5f:block32:f16",
+    "Q5_1": "u5:block32:f16:offset",
     "TQ2_0": "q2s:block256:f16",
     "TQ1_0": "q2s:block256:f16",
     "MXFP4": "mxfp4",
@@ -98,6 +115,9 @@ _SCHEME_TEXT = {
 _SIZES = {
     "Q8_0": (32, 34),
     "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
     "TQ2_0": (256, 66),
     "TQ1_0": (256, 54),
     "MXFP4": (32, 17),
@@ -109,9 +129,6 @@ NOT_EXACT: dict[str, str] = {
     "F16": "plain float16: passes through as an array",
     "BF16": "plain bfloat16: passes through as an array",
     "F64": "plain float64: passes through as an array",
-    "Q4_1": "affine blocks (q * d + m, a per-block offset m); arrayquant schemes are symmetric",
-    "Q5_1": "affine 5-bit blocks (q * d + m); arrayquant has no 5-bit value and no offset",
-    "Q5_0": "5-bit codes (q - 16) * d; arrayquant has no 5-bit value kind",
     "Q8_1": "llama.cpp's activation type for dot products (d and a precomputed sum), not a file type",
     "Q8_K": "llama.cpp's activation type for K-quant dot products, not a file type",
     "Q2_K": "super-blocks of 256: f16 d and dmin times 4-bit integer scales and mins per 16 (affine, two levels)",
@@ -129,6 +146,9 @@ for _int in ("I8", "I16", "I32", "I64"):
     NOT_EXACT[_int] = "plain integers: pass through as an array"
 
 _KNOWN = ", ".join(EXACT)
+_WRITTEN = tuple(t for t in EXACT if t != "TQ1_0")  # the type each scheme is written as (TQ1_0 on request)
+# the blocks of 32 with 4- or 5-bit codes (ggml-common.h): (has an f16 m after d, has a uint32 qh)
+_AFFINE = {"Q4_1": (True, False), "Q5_0": (False, True), "Q5_1": (True, True)}
 
 
 def scheme_of(type_name: str) -> QuantScheme | None:
@@ -194,14 +214,14 @@ def type_of(scheme: QuantScheme) -> str | None:
     two_level = plain.tensor is ScaleDtype.F32 and plain.block is not None
     if two_level and dataclasses.replace(plain, tensor=None) == _plain(QuantScheme.parse(_SCHEME_TEXT["NVFP4"])):
         return "NVFP4"
-    for name in ("Q8_0", "Q4_0", "TQ2_0", "MXFP4", "NVFP4"):
+    for name in _WRITTEN:
         if plain == _plain(QuantScheme.parse(_SCHEME_TEXT[name])):
             return name
     return None
 
 
 def _refuse(scheme: Any) -> SchemeError:
-    names = "; ".join(f"{_SCHEME_TEXT[t]} -> {t}" for t in ("Q8_0", "Q4_0", "TQ2_0", "MXFP4", "NVFP4"))
+    names = "; ".join(f"{_SCHEME_TEXT[t]} -> {t}" for t in _WRITTEN)
     return SchemeError(
         f"scheme {scheme} has no GGUF block type; the schemes that map (any store) are: {names}; "
         "and nvfp4 (two-level) -> NVFP4 with its per-tensor scale as a separate F32 tensor"
@@ -256,9 +276,26 @@ def _tq1_bytes(digits: np.ndarray) -> np.ndarray:
     )
 
 
+def _affine_codes(kind: str, blocks: np.ndarray) -> np.ndarray:
+    """Q4_1 / Q5_0 / Q5_1: the stored codes ``q`` (n, 32), 0..15 or 0..31.
+
+    ``qs`` (the last 16 bytes) holds bits 0-3, element ``j`` in the low nibble of ``qs[j]`` and
+    ``j + 16`` in its high one; ``qh`` (4 bytes, a little-endian uint32) bit 4 of element ``j``
+    in its bit ``j``, which is bit ``j % 8`` of byte ``j // 8``.
+    """
+    has_m, has_qh = _AFFINE[kind]
+    q = _split_nibbles(blocks[:, -16:])
+    if has_qh:
+        at = 4 if has_m else 2
+        q = q | (np.unpackbits(blocks[:, at : at + 4], axis=-1, bitorder="little") << 4)
+    return q
+
+
 def _unpack_blocks(kind: str, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Raw GGUF codes (n, block) and scale bytes (n, scales per block, bytes per scale)."""
     n = blocks.shape[0]
+    if kind in _AFFINE:
+        return _affine_codes(kind, blocks).astype(np.int16), blocks[:, None, :2]
     if kind == "Q8_0":
         return blocks[:, 2:].view(np.int8).astype(np.int16), blocks[:, None, :2]
     if kind == "Q4_0":
@@ -292,7 +329,7 @@ _NOT = (None, None)
 
 def _int_codes(kind: str, raw: np.ndarray, d: np.ndarray, where: Any) -> tuple[Any, Any, str]:
     """Integer types: codes (n, block) int8 and f32 scales (n,), or a reason they are not exact."""
-    offset = {"Q8_0": 0, "Q4_0": 8, "TQ2_0": 1, "TQ1_0": 1}[kind]
+    offset = {"Q8_0": 0, "Q4_0": 8, "Q5_0": 16, "TQ2_0": 1, "TQ1_0": 1}[kind]
     bad_d = ~np.isfinite(d)
     if np.any(bad_d):
         i = int(np.argmax(bad_d))
@@ -303,6 +340,22 @@ def _int_codes(kind: str, raw: np.ndarray, d: np.ndarray, where: Any) -> tuple[A
         why = f"{kind} {where(i)} has d = {float(d[i])} and q = {int(raw[i, j])} at element {j}: the value is 2 * d, "
         return *_NOT, why + "outside q2s's codes -1..1"
     return codes.astype(np.int8), d.astype(np.float32), ""
+
+
+def _offset_codes(kind: str, raw: np.ndarray, d: np.ndarray, m: np.ndarray, where: Any) -> tuple[Any, Any, Any, str]:
+    """Q4_1 / Q5_1: unsigned codes (n, 32) uint8, f32 scales ``d`` and offsets ``m`` (n,), or why not."""
+    for name, v in (("d", d), ("m", m)):
+        bad = ~np.isfinite(v)
+        if np.any(bad):
+            i = int(np.argmax(bad))
+            why = f"{kind} {where(i)} has {name} = {float(v[i])}; arrayquant's scales and offsets are finite"
+            return *_NOT, None, why
+    neg = d < 0  # -0.0 is >= 0, as ggml writes (max - min) / 15 for a constant block: +0.0
+    if np.any(neg):
+        i = int(np.argmax(neg))
+        why = f"{kind} {where(i)} has d = {float(d[i])}: arrayquant's offset-mode scales are >= 0 (ggml writes "
+        return *_NOT, None, why + "d = (max - min) / qmax, never negative)"
+    return raw.astype(np.uint8), d.astype(np.float32), m.astype(np.float32), ""
 
 
 def _fp4_codes(kind: str, raw: np.ndarray, sbytes: np.ndarray, where: Any) -> tuple[Any, Any, str]:
@@ -395,8 +448,9 @@ def decode(
     >>> qt, why = decode(block, "Q8_0", (32,), backend="numpy")
     >>> aq.dequantize(qt)[:4].tolist(), why
     ([0.0, 1.0, 2.0, 3.0], '')
-    >>> decode(block, "Q5_0", (32,))[1]
-    'GGUF type Q5_0 is not an arrayquant scheme: 5-bit codes (q - 16) * d; arrayquant has no 5-bit value kind'
+    >>> qt, why = decode(block, "Q6_K", (32,))
+    >>> qt, why.split(": ")[0]
+    (None, 'GGUF type Q6_K is not an arrayquant scheme')
     """
     if isinstance(type_name, str) and type_name.upper() not in _SIZES:
         why = NOT_EXACT.get(type_name.upper(), f"no arrayquant scheme maps it (those that do: {_KNOWN})")
@@ -425,8 +479,12 @@ def decode(
     def where(i: int) -> str:
         return _where(i, lead, per_row)
 
+    offset = None
     if kind in ("MXFP4", "NVFP4"):
         codes, scales, why = _fp4_codes(kind, codes_raw, sbytes, where)
+    elif _AFFINE.get(kind, (False,))[0]:
+        d, m = _f16_bits(sbytes.reshape(n, 2)), _f16_bits(blocks[:, 2:4])
+        codes, scales, offset, why = _offset_codes(kind, codes_raw, d, m, where)
     else:
         d = _f16_bits(sbytes.reshape(n, 2))
         codes, scales, why = _int_codes(kind, codes_raw, d, where)
@@ -439,7 +497,10 @@ def decode(
         scheme = QuantScheme.nvfp4()
     grid = (*lead, shp[-1] // scheme.block[0].size)  # type: ignore[index]
     values = pack(np.ascontiguousarray(codes.reshape(shp)), scheme)
-    qt = QuantizedTensor(scheme, shp, np.float32, values, np.ascontiguousarray(scales.reshape(grid)), glob)
+    m_grid = None if offset is None else np.ascontiguousarray(offset.reshape(grid))
+    qt = QuantizedTensor(
+        scheme, shp, np.float32, values, np.ascontiguousarray(scales.reshape(grid)), glob, offset=m_grid
+    )
     to_bytes(qt)  # every code and scale checked against the scheme
     return qt.to_backend(backend or default().name, device), ""
 
@@ -563,7 +624,9 @@ def _encode(qt: QuantizedTensor, type_name: str | None, *, fold: bool) -> tuple[
     codes = _host(qt.codes()).reshape(n, block)
     scales = _host(qt.scales).astype(np.float32).reshape(n, -1)
     glob = None if qt.global_scale is None else _host(qt.global_scale).astype(np.float32).reshape(1)
-    if kind in ("MXFP4", "NVFP4"):
+    if kind in _AFFINE:
+        out = _affine_bytes(kind, codes, scales, None if qt.offset is None else _host(qt.offset))
+    elif kind in ("MXFP4", "NVFP4"):
         q = codes.astype(np.uint8)
         if kind == "MXFP4":
             head = np.frombuffer(encode_scales(scales, ScaleDtype.UE8M0), np.uint8).reshape(n, 1)
@@ -588,3 +651,21 @@ def _encode(qt: QuantizedTensor, type_name: str | None, *, fold: bool) -> tuple[
         else:
             out = np.concatenate([_tq1_bytes((c + 1).astype(np.uint8)), d], axis=1)
     return kind, np.ascontiguousarray(out).reshape(*lead, per_row * size), glob
+
+
+def _affine_bytes(kind: str, codes: Any, scales: np.ndarray, offset: np.ndarray | None) -> np.ndarray:
+    """Q4_1 / Q5_0 / Q5_1 blocks (n, size) of arrayquant codes (n, 32), f32 ``d`` and ``m`` (n, 1)."""
+    has_m, has_qh = _AFFINE[kind]
+    n = scales.shape[0]
+    q = codes.astype(np.int16) + (16 if kind == "Q5_0" else 0)  # Q5_0 stores q = c + 16; the others c
+    q = q.astype(np.uint8)
+    parts = [scales.reshape(n, 1).astype("<f2").view(np.uint8)]  # exact: d and m are on the f16 grid
+    if has_m:
+        if offset is None:  # pragma: no cover - to_bytes refused an offset-mode tensor without it
+            msg = f"{kind} needs the tensor's offsets (m)"
+            raise ParamsError(msg)
+        parts.append(offset.astype(np.float32).reshape(n, 1).astype("<f2").view(np.uint8))
+    if has_qh:
+        parts.append(np.packbits((q >> 4) & 1, axis=-1, bitorder="little"))  # 32 bits: a little-endian uint32
+    parts.append(_join_nibbles(q))
+    return np.concatenate(parts, axis=1)

@@ -40,6 +40,11 @@ SCHEMES = [
     ("q4s:block32:bf16", "pack-quantized", 0.3),  # W4A16, groups of 32
     ("q8s:block4096:f16", "pack-quantized", 0.1),  # W8A16, one scale per row
     ("q8s", "pack-quantized", 0.1),  # W8A16, one f32 scale per tensor
+    ("u4:block32:bf16:zero_point", "pack-quantized", 0.3),  # W4A16_ASYM, groups of 32
+    ("q8f:block4096:f16:zero_point", "pack-quantized", 0.1),  # W8A16 with a zero point per row
+    ("u5:tensor:f32:zero_point", "pack-quantized", 0.3),  # 5 bits, one zero point per tensor
+    ("q3f:block32:bf16", "pack-quantized", 0.5),  # W3A16, 3-bit fields crossing words
+    ("u6:block16:f32:zero_point", "pack-quantized", 0.1),  # 6 bits with zero points
 ]
 IDS = [[1, 5, 9, 77, 3, 64, 2, 100]]
 
@@ -135,6 +140,17 @@ def _check_weights(model: Any, folder: Path, quantized: list[str]) -> None:
     found = _ours(folder)
     assert sorted(found) == sorted(quantized)
     assert len(quantized) == 7  # the 7 projections of the layer
+    if json.loads((folder / "config.json").read_text())["quantization_config"].get("dequantize"):
+        # decompressed at load by compressed-tensors, in the scale dtype: the f32 product (exact) rounded
+        # there, then to the model's dtype
+        loaded = aq.load(folder, backend="numpy")
+        schemes = {k.removesuffix(".weight"): v.scheme for k, v in loaded.items() if isinstance(v, aq.QuantizedTensor)}
+        for name in quantized:
+            via = DTYPES[{"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[schemes[name].scale_dtype.value]]
+            theirs = model.get_submodule(name).weight.detach()
+            assert theirs.dtype == dtype
+            assert torch.equal(theirs, found[name].to(via).to(dtype)), name
+        return
     for name in quantized:
         ours = found[name].to(dtype)
         theirs = model.get_submodule(name).weight.detach()
@@ -379,3 +395,29 @@ def test_cli_warns_about_moe_experts_transformers_misreads(
     err = capsys.readouterr().err
     assert "warning: 12 MoE expert weights are mxfp4-pack-quantized: vLLM and SGLang load them as written" in err
     assert "quantize it with an FP8 or integer scheme" in err
+
+
+def test_asymmetric_folders_ask_transformers_to_decompress_at_load(
+    source: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """Without ``dequantize: true`` transformers cannot load packed zero points (compressed-tensors' own folders too).
+
+    If this starts loading, compressed-tensors or transformers fixed the meta shape of packed zero points,
+    and the hint in ``config._hint_loading`` can go.
+    """
+    src = source("llama", "bfloat16")
+    aq.quantize_model(src, tmp_path / "sym", "q4s:block32:bf16")
+    assert "dequantize" not in json.loads((tmp_path / "sym" / "config.json").read_text())["quantization_config"]
+    dst = tmp_path / "asym"
+    aq.quantize_model(src, dst, "u4:block32:bf16:zero_point")
+    config = json.loads((dst / "config.json").read_text())
+    assert config["quantization_config"]["dequantize"] is True
+    del config["quantization_config"]["dequantize"]
+    (dst / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        _auto("llama").from_pretrained(dst)
+    with warnings.catch_warnings():  # the folder's quantization_config wins, but for the loading options passed
+        warnings.simplefilter("ignore", UserWarning)
+        option = transformers.CompressedTensorsConfig(dequantize=True)
+        model = _auto("llama").from_pretrained(dst, quantization_config=option)
+    assert bool(torch.isfinite(_forward(model)).all())

@@ -311,8 +311,9 @@ def test_read_refuses_formats_and_arguments_that_do_not_map() -> None:
     cases = [
         ("float-quantized", args, "format 'float-quantized' is not an integer compressed-tensors format"),
         ("pack-quantized", {**args, "type": "float"}, "weights of type 'float' with 4 bits do not map"),
-        ("pack-quantized", {**args, "num_bits": 3}, "weights of type 'int' with 3 bits do not map"),
-        ("pack-quantized", {**args, "symmetric": False}, "asymmetric compressed-tensors weights"),
+        ("pack-quantized", {**args, "num_bits": 9}, "weights of type 'int' with 9 bits do not map"),
+        ("pack-quantized", {**args, "num_bits": 0}, "with 0 bits do not map; arrayquant holds int weights of 1 to 8"),
+        ("pack-quantized", {**args, "num_bits": 1}, r"1-bit symmetric weights \(codes -1 and 0\) have no arrayquant"),
         ("pack-quantized", {**args, "dynamic": True}, "dynamic weight quantization stores no scales"),
         ("pack-quantized", {**args, "strategy": "block"}, "strategy 'block' does not map"),
     ]
@@ -368,7 +369,7 @@ def test_float16_overflow_is_inf_in_ct_and_saturates_in_arrayquant() -> None:
     """The one measured difference: CT's f16 product code * scale overflows to inf; aq's f16 cast saturates."""
     args = {"num_bits": 2, "type": "int", "symmetric": True, "strategy": "channel"}
     entries = {
-        f"{NAME}.weight_packed": ct_int._pack_rows(np.array([[-2, 1, -1, 0]], np.int8), 2),
+        f"{NAME}.weight_packed": ct_int._pack_rows(np.array([[0, 3, 1, 2]], np.uint8), 2),  # codes -2, 1, -1, 0
         f"{NAME}.weight_scale": np.array([[40000]], np.float16),
         f"{NAME}.weight_shape": np.array([1, 4]),
     }

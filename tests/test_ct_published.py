@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 import arrayquant as aq
-from arrayquant.errors import CorruptDataError, SchemeError
+from arrayquant.errors import CorruptDataError
 from arrayquant.io.compressed_tensors import ints as ct_int
 
 pytest.importorskip("compressed_tensors")
@@ -61,6 +61,12 @@ PRESETS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "W4AFP8": ("int-quantized", "q4f:block128:{s}", ()),
     "W4A8": ("int-quantized", "q4f:block128:{s}", ()),
     "W2A8": ("int-quantized", "q2f:block128:{s}", ()),
+    "W4A16_ASYM": ("pack-quantized", "q4f:block128:{s}:zero_point", ()),
+    "W8A16_ASYM": ("pack-quantized", "q8f:block256:{s}:zero_point", ()),  # not a preset: see _CUSTOM
+    "W3A16": ("pack-quantized", "q3f:block128:{s}", ()),
+    "W5A16": ("pack-quantized", "q5f:block128:{s}", ()),
+    "W6A16": ("pack-quantized", "q6f:block128:{s}", ()),
+    "W7A16": ("pack-quantized", "q7f:block128:{s}", ()),
     "FP8": ("float-quantized", "e4m3:tensor:{s}:native", ("input_scale",)),
     "FP8_DYNAMIC": ("float-quantized", "e4m3:block256:{s}:native", ()),
     "FP8_BLOCK": ("float-quantized", "e4m3:block128x128:{s}:native", ()),
@@ -72,8 +78,10 @@ PRESETS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "MXFP8": ("mxfp8-quantized", "mxfp8", ()),
 }
 # the f32 model runs a subset: one per format and strategy
-F32_PRESETS = ("W4A16", "W8A8", "W4AFP8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4", "MXFP4", "MXFP8")
+F32_PRESETS = ("W4A16", "W4A16_ASYM", "W8A8", "W4AFP8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4", "MXFP4", "MXFP8")
 CASES = [(p, "bfloat16") for p in PRESETS] + [(p, "float32") for p in F32_PRESETS]
+# schemes llm-compressor users write out by hand: 8-bit weights with a zero point per row
+_CUSTOM = {"W8A16_ASYM": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": False}}
 
 
 def _tiny_llama(dtype: Any) -> Any:
@@ -147,7 +155,12 @@ def _write(folder: Path, preset: str | dict[str, str], dtype: str) -> None:
     """
     model = _tiny_llama(getattr(torch, dtype))
     targets = {"Linear": preset} if isinstance(preset, str) else preset
-    groups = {f"group_{i}": ctq.preset_name_to_scheme(p, [t]) for i, (t, p) in enumerate(targets.items())}
+    groups = {
+        f"group_{i}": ctq.QuantizationScheme(targets=[t], weights=ctq.QuantizationArgs(**_CUSTOM[p]))
+        if p in _CUSTOM
+        else ctq.preset_name_to_scheme(p, [t])
+        for i, (t, p) in enumerate(targets.items())
+    }
     config = ctq.QuantizationConfig(config_groups=groups, ignore=["lm_head"])
     ctq.apply_quantization_config(model, config, show_progress=False)
     for _, module in model.named_modules():
@@ -286,12 +299,20 @@ def _nvfp4_f32_difference(qt: Any, saved: dict[str, Any], module: str) -> float:
     return float(np.max(np.abs(mine[nonzero] - want[nonzero]) / np.abs(want[nonzero]), initial=0.0))
 
 
-def test_ct_asymmetric_int_folder_is_a_scheme_error(tmp_path: Path) -> None:
-    # W4A16_ASYM stores a weight_zero_point; arrayquant has no asymmetric integer scheme
-    _write(tmp_path, "W4A16_ASYM", "bfloat16")
-    want = r"asymmetric compressed-tensors weights \(with a weight_zero_point\) do not map"
-    with pytest.raises(SchemeError, match=want):
-        aq.load(tmp_path)
+def test_ct_asymmetric_folder_reads_as_unsigned_when_asked(folders: Any) -> None:
+    # the same stored bits as u4 codes and zero points (each 8 higher), the same weights
+    folder = folders("W4A16_ASYM", "bfloat16")
+    signed = aq.load(folder)
+    qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+    args = qc["config_groups"]["group_0"]["weights"]
+    assert args["symmetric"] is False
+    saved = {k: _np(v) for k, v in load_file(folder / "model.safetensors").items()}
+    module = "model.layers.1.mlp.down_proj"
+    unsigned = ct_int.read(saved, module, "pack-quantized", args, value="u4", backend="numpy")
+    qt = signed[f"{module}.weight"]
+    assert str(unsigned.scheme) == "u4:block128:bf16:zero_point"
+    assert np.array_equal(np.asarray(unsigned.zero_point).astype(np.int16), np.asarray(qt.zero_point) + 8)
+    np.testing.assert_array_equal(np.asarray(aq.dequantize(unsigned)), np.asarray(aq.dequantize(qt)))
 
 
 _ARGS4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "channel"}
@@ -368,3 +389,26 @@ def test_inspect_says_activation_arguments_are_not_read(folders: Any, capsys: py
     assert "group_0: input activations float 8-bit, strategy token, dynamic" in out
     assert main(["inspect", str(folders("W4A16", "bfloat16"))]) == 0
     assert "at run time in the engine" not in capsys.readouterr().out  # weights only: nothing to say
+
+
+def test_ct_asymmetric_folder_runs_in_transformers_as_arrayquant_reads_it(folders: Any) -> None:
+    # compressed-tensors' own W4A16_ASYM folder: transformers loads it only when asked to decompress at load
+    # (its model gets unpacked zero points, the folder packed ones); arrayquant's folders carry that option
+    import warnings
+
+    folder = folders("W4A16_ASYM", "bfloat16")
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        transformers.AutoModelForCausalLM.from_pretrained(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        option = transformers.CompressedTensorsConfig(dequantize=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, quantization_config=option)
+    with torch.no_grad():
+        assert bool(torch.isfinite(model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits).all())
+    got = aq.load(folder)
+    quantized = [k for k, v in got.items() if isinstance(v, aq.QuantizedTensor)]
+    assert len(quantized) == 14
+    for key in quantized:
+        theirs = _np(model.get_submodule(key.removesuffix(".weight")).weight.detach())
+        mine = np.asarray(aq.dequantize(got[key], "bfloat16"))
+        np.testing.assert_array_equal(_bits(mine), _bits(theirs), err_msg=key)

@@ -36,6 +36,11 @@ SCHEMES = [
     "e4m3:block128x128:f32:native",  # 2-d blocks: slabs of whole block rows
     "e4m3:block32x64:bf16:native",
     "e4m3:block4096:bf16:native",  # one scale per row
+    "u4:block32:bf16:zero_point",  # zero points packed down the rows: slabs of whole words of them
+    "q3f:block64:f16:zero_point",  # 3-bit fields: 32 rows of zero points fill 3 words
+    "u8:block4096:f32:zero_point",  # one zero point per row
+    "q5s:zero_point",  # one zero point for the tensor
+    "q6f:block32:bf16",  # symmetric, 6-bit fields crossing words
 ]
 
 

@@ -21,6 +21,7 @@ from ..patterns import check_pattern
 
 __all__ = [
     "CT_VERSION",
+    "DEQUANTIZE",
     "MIXED",
     "QUANT_METHOD",
     "activation_notes",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 QUANT_METHOD = "compressed-tensors"
+# transformers' own loading option, read from the folder's quantization_config as from its argument
+DEQUANTIZE = "dequantize"
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts the tests check against
 MIXED = "mixed-precision"  # the top-level format of a model whose groups differ in format
 
@@ -61,6 +64,39 @@ def quantization_config(
     >>> cfg["quant_method"], cfg["quantization_status"], cfg["config_groups"]["group_0"]["targets"]
     ('compressed-tensors', 'compressed', ['Linear'])
     """
+    config = _quantization_config(fmt, weights, ignore, targets)
+    _hint_loading(config)
+    return config
+
+
+def _packs_zero_points(fmt: str | None, weights: Mapping[str, Any]) -> bool:
+    return (
+        fmt == "pack-quantized"
+        and weights.get("symmetric") is False
+        and weights.get("strategy") in ("group", "channel")
+    )
+
+
+def _hint_loading(config: dict[str, Any]) -> None:
+    """Ask transformers to decompress at load where its default path cannot load the weights.
+
+    compressed-tensors (0.20.1) packs the zero points of asymmetric ``pack-quantized`` group and
+    channel weights (``(ceil(rows * bits / 32), groups)`` int32), but the model transformers builds
+    before loading gets them unpacked (``PackedQuantizationCompressor.compress`` on meta weights
+    leaves ``weight_zero_point`` as ``(rows, groups)`` int8), so a plain ``from_pretrained`` stops
+    on a size mismatch, for compressed-tensors' own ``W4A16_ASYM`` folders too. With
+    ``dequantize: true`` (transformers' ``CompressedTensorsConfig`` takes it from the folder)
+    transformers decompresses the stored weights at load instead, which works. vLLM, SGLang and
+    compressed-tensors ignore the key.
+    """
+    groups = config["config_groups"].values()
+    if any(_packs_zero_points(g.get("format") or config["format"], g["weights"]) for g in groups):
+        config[DEQUANTIZE] = True
+
+
+def _quantization_config(
+    fmt: str, weights: Mapping[str, Any], ignore: Sequence[str], targets: Sequence[str]
+) -> dict[str, Any]:
     group = {
         "format": None,  # the top-level format applies
         "input_activations": None,
@@ -145,6 +181,7 @@ def modules_quantization_config(
         }
         for i, (fmt, weights, names) in enumerate(groups.values())
     }
+    _hint_loading(config)
     return config
 
 

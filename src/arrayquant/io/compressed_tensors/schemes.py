@@ -82,7 +82,10 @@ class _NVFP4:
         return read_nvfp4(entries, name, backend=backend, device=device)
 
 
-_INT_MAPPED = "q8s/q8f, q4s/q4f, q2s/q2f with one f32/f16/bf16 scale per tensor, per row or per group -> pack-quantized"
+_INT_MAPPED = (
+    "integers of 2 to 8 bits (q2f ... q8f, q2s ... q8s), symmetric or with zero points, and u1 ... u8 with zero "
+    "points, with one f32/f16/bf16 scale per tensor, per row or per group -> pack-quantized"
+)
 # what the codecs can hold, for the error that lists it
 MAPPED = ("nvfp4 -> nvfp4-pack-quantized", *ct_float.MAPPED, _INT_MAPPED)
 _CODECS: tuple[_Codec, ...] = (_NVFP4(), ct_float, ct_int)  # type: ignore[assignment]

@@ -19,6 +19,7 @@ computed as :func:`~arrayquant.quantize` computes them beneath a global of its o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from ...invariants.importance import check_importance
 from ...invariants.plan import check_calibration_spec
 from ...kernels import block_scales, normalise_scales
 from ...quantize import compute_q_params, compute_range, quantize
-from ...scheme import Calibration, QParams, QuantScheme
+from ...scheme import Calibration, QParams, QuantMode, QuantScheme
 from ..safetensors.reader import SafetensorsFile
 from .schemes import write_weight
 
@@ -43,13 +44,16 @@ SLAB_BYTES = 2 << 20  # float32 bytes per slab; the working set is a few times t
 
 # entries with one row per weight row (or block row); the others are written once per weight
 _ROWS = ("weight_packed", "weight")
-_SCALES = ("weight_scale", "weight_zero_point")
+_ZERO = "weight_zero_point"
+_SCALES = ("weight_scale", _ZERO)
 
 
 def _slab_rows(scheme: QuantScheme, shape: tuple[int, ...], budget: int) -> int:
     """Rows per slab: about ``budget`` bytes of float32, a whole number of block rows."""
     dims = plan_for(scheme).block_dims(shape)
     step = dims[0] if len(dims) == len(shape) else 1  # a block shorter in rank lies within one row
+    if scheme.mode is QuantMode.ZERO_POINT:  # zero points are packed down the rows: 32 rows fill whole words
+        step = math.lcm(step, 32)
     row_bytes = 4 * int(np.prod(shape[1:], dtype=np.int64))
     return max(step, budget // max(row_bytes, 1) // step * step)
 
@@ -163,9 +167,13 @@ def _by_slabs(
                 out[key] = np.asarray(shape, dtype=arr.dtype)
             elif part in _ROWS or (part in _SCALES and scheme.block is not None):
                 per = 1 if part in _ROWS else block_rows  # data rows per row of the entry
+                first, total = start // per, -(-rows // per)
+                if part == _ZERO and arr.dtype == np.int32:  # grid rows packed into bit-stream words
+                    bits = scheme.value.bits
+                    first, total = first * bits // 32, -(-total * bits // 32)
                 if key not in out:  # filled in place: the output is never held twice
-                    out[key] = np.empty((-(-rows // per), *arr.shape[1:]), arr.dtype)
-                out[key][start // per : start // per + arr.shape[0]] = arr
+                    out[key] = np.empty((total, *arr.shape[1:]), arr.dtype)
+                out[key][first : first + arr.shape[0]] = arr
             else:
                 out.setdefault(key, arr)  # a whole-tensor value, the same in every slab
     return out

@@ -435,6 +435,9 @@ def test_patterns_match_as_python_re_match_does() -> None:
     names += ["".join(rng.choice("ab.c_1 xyz\n") for _ in range(rng.randint(0, 9))) for _ in range(1500)]
     for p in patterns:
         for n in names:
+            if p == r"(.+)+z" and len(n) > 16:  # re itself backtracks 2**len(n) steps there (minutes at 30)
+                assert not matches("re:" + p, n)
+                continue
             assert matches("re:" + p, n) == (re.match(p, n) is not None), (p, n)
 
 

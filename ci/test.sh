@@ -43,6 +43,9 @@ mypy || exit 1
 # the GGUF byte tests compare with ggml itself: its quantization sources, compiled from the pinned
 # llama-cpp-python sdist (about a minute the first time, then cached); here a failed build fails CI
 python tests/ggml_oracle.py || exit 1
+# llama-quantize's mixes and a forward pass compare with llama.cpp itself: libllama from the same
+# sdist (a portable release build, the library alone: a few minutes, then cached)
+python -m tests.llama_oracle || exit 1
 export ARRAYQUANT_REQUIRE_GGML_ORACLE=1
 
 # --- API reference (docs/api/): the docs extra, and a Sphinx build of arrayquant.__all__'s

@@ -47,6 +47,13 @@ TYPES = {
     "TQ2_0": 35,
     "MXFP4": 39,
     "NVFP4": 40,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q4_K": 12,
+    "Q5_K": 13,
+    "Q6_K": 14,
+    "IQ4_NL": 20,
+    "IQ4_XS": 23,
 }  # enum ggml_type (ggml.h)
 
 
@@ -55,7 +62,8 @@ def cache_dir() -> Path:
     return Path(root) / f"ggml-{VERSION}"
 
 
-def _sdist(work: Path) -> Path:
+def sdist(work: Path) -> Path:
+    """The pinned llama-cpp-python sdist: cached, or fetched with pip into ``work`` and cached."""
     cached = cache_dir() / f"llama_cpp_python-{VERSION}.tar.gz"
     if cached.is_file():
         return cached
@@ -82,8 +90,8 @@ def _extract(sdist: Path, to: Path) -> Path:
 
 
 def build() -> Path:
-    """The path of the cached ``libggml-base.so``, compiled first if needed."""
-    lib = cache_dir() / "libggml-base.so"
+    """The path of the cached ``libggml-base-release.so``, compiled first if needed."""
+    lib = cache_dir() / "libggml-base-release.so"
     if lib.is_file():
         return lib
     cc, cxx = shutil.which(os.environ.get("CC", "cc")), shutil.which(os.environ.get("CXX", "c++"))
@@ -92,12 +100,13 @@ def build() -> Path:
         raise RuntimeError(msg)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ggml = _extract(_sdist(work), work / "src")
+        ggml = _extract(sdist(work), work / "src")
         (work / "inc").mkdir()
         (work / "inc" / "ggml-version.h").write_text(
             f'#pragma once\n#define GGML_VERSION "llama-cpp-python-{VERSION}"\n#define GGML_COMMIT "sdist"\n'
         )
-        flags = ["-O2", "-fPIC", "-D_GNU_SOURCE", "-DGGML_BUILD", "-DGGML_SHARED", f"-I{work / 'inc'}"]
+        # a release build, as llama.cpp's are: NDEBUG drops the asserts (nearest_int's range check among them)
+        flags = ["-O2", "-DNDEBUG", "-fPIC", "-D_GNU_SOURCE", "-DGGML_BUILD", "-DGGML_SHARED", f"-I{work / 'inc'}"]
         flags += [f"-I{ggml / 'include'}", f"-I{ggml / 'src'}"]
         objects = []
         for name in _SOURCES:
@@ -124,21 +133,33 @@ def _lib() -> ctypes.CDLL:
     lib.ggml_row_size.restype = ctypes.c_size_t
     lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
     for name in TYPES:
-        fn = getattr(lib, f"dequantize_row_{name.lower()}")
+        fn = getattr(lib, _dequantizer(name))
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 
-def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
-    """``ggml_quantize_chunk`` of f32 rows ``x`` (last axis the row): uint8, ``(*lead, row bytes)``."""
+def _dequantizer(type_name: str) -> str:
+    """The C name of a type's row dequantizer (``dequantize_row_q4_K``, ``dequantize_row_iq4_xs``)."""
+    name = type_name.lower()
+    return f"dequantize_row_{name[:-2] + '_K' if name.endswith('_k') else name}"
+
+
+def quantize(x: np.ndarray, type_name: str, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """``ggml_quantize_chunk`` of f32 rows ``x`` (last axis the row): uint8, ``(*lead, row bytes)``.
+
+    ``imatrix`` (one f32 weight per column) is llama-quantize's importance matrix for the tensor
+    (``quant_weights``): the K-quants, IQ4 and Q4_0 ... Q5_1 then run their weighted searches.
+    """
     lib = _lib()
     x = np.ascontiguousarray(x, dtype=np.float32)
     cols = x.shape[-1]
     rows = x.size // cols
     row = lib.ggml_row_size(TYPES[type_name], cols)
     out = np.zeros(rows * row, np.uint8)
-    n = lib.ggml_quantize_chunk(TYPES[type_name], x.ctypes.data, out.ctypes.data, 0, rows, cols, None)
+    qw = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32).reshape(cols)
+    ptr = None if qw is None else qw.ctypes.data
+    n = lib.ggml_quantize_chunk(TYPES[type_name], x.ctypes.data, out.ctypes.data, 0, rows, cols, ptr)
     assert n == out.size
     return out.reshape(*x.shape[:-1], row)
 
@@ -147,7 +168,7 @@ def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.nd
     """ggml's ``dequantize_row_*`` of the bytes of a tensor of ``shape``: f32."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     out = np.empty(shape, np.float32)
-    getattr(_lib(), f"dequantize_row_{type_name.lower()}")(raw.ctypes.data, out.ctypes.data, out.size)
+    getattr(_lib(), _dequantizer(type_name))(raw.ctypes.data, out.ctypes.data, out.size)
     return out
 
 

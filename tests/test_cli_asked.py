@@ -202,7 +202,7 @@ def test_requantizing_gguf_is_refused_or_done_through_floats(
     from arrayquant.io.gguf import types as gguf_types
 
     q4 = tmp_path / "model-q4_0.gguf"
-    assert main(["quantize", str(gguf_q8), str(q4), "--scheme", "q4_0"]) == 1
+    assert main(["quantize", str(gguf_q8), str(q4), "--scheme", "q4_0", "--pure"]) == 1
     err = _one_error(capsys.readouterr().err)
     assert "PathError: IN" in err
     assert "holds 2 weight(s) quantized already that --scheme q4_0 would quantize again" in err
@@ -210,7 +210,7 @@ def test_requantizing_gguf_is_refused_or_done_through_floats(
     assert "rerun with --requantize" in err
     assert not q4.exists()
 
-    assert main(["quantize", str(gguf_q8), str(q4), "--scheme", "q4_0", "--requantize", "--quiet"]) == 0
+    assert main(["quantize", str(gguf_q8), str(q4), "--scheme", "q4_0", "--pure", "--requantize", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "quantized 2 tensors as Q4_0" in out
     assert "re-quantized 2 of them through float32 (--requantize): Q8_0 x2" in out
@@ -218,7 +218,7 @@ def test_requantizing_gguf_is_refused_or_done_through_floats(
     # the same as dequantizing to a float32 GGUF, then quantizing that
     floats, ref = tmp_path / "f32.gguf", tmp_path / "ref.gguf"
     assert main(["dequantize", str(gguf_q8), str(floats)]) == 0
-    assert main(["quantize", str(floats), str(ref), "--scheme", "q4_0", "--quiet"]) == 0
+    assert main(["quantize", str(floats), str(ref), "--scheme", "q4_0", "--pure", "--quiet"]) == 0
     capsys.readouterr()
     got, want, q8 = (aq.load(f, backend="numpy") for f in (q4, ref, gguf_q8))
     for name in ("token_embd.weight", "blk.0.attn_q.weight"):

@@ -30,7 +30,7 @@ def _x(rows: int = 8, cols: int = 256, seed: int = 0) -> np.ndarray:
 
 
 def _gguf_f16(path: Path) -> dict[str, np.ndarray]:
-    """A small llama-like GGUF written by gguf-py: f16 weights, an f32 norm, a Q6_K tensor, metadata."""
+    """A small llama-like GGUF written by gguf-py: f16 weights, an f32 norm, an IQ2_XXS tensor, metadata."""
     tensors = {"blk.0.attn_q.weight": _x(8, 256, 1), "blk.0.ffn_up.weight": _x(16, 256, 2)}
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny")
@@ -39,10 +39,10 @@ def _gguf_f16(path: Path) -> dict[str, np.ndarray]:
     for name, x in tensors.items():
         w.add_tensor(name, x.astype(np.float16))
     w.add_tensor("blk.0.attn_norm.weight", np.ones(256, np.float32))
-    # Q6_K bytes (gguf-py only dequantizes it): ql, qh, int8 scales at random, f16 d = 0.01
-    q6k = np.random.default_rng(3).integers(0, 256, (4, 210), dtype=np.uint8)
-    q6k[:, 208:] = np.array([0.01], "<f2").view(np.uint8)
-    w.add_tensor("blk.0.q6k.weight", q6k, raw_dtype=gguf.GGMLQuantizationType.Q6_K)
+    # IQ2_XXS bytes (a vector codebook gguf-py only dequantizes): grid indices at random, f16 d = 0.01
+    iq2 = np.random.default_rng(3).integers(0, 256, (4, 66), dtype=np.uint8)
+    iq2[:, :2] = np.array([0.01], "<f2").view(np.uint8)
+    w.add_tensor("blk.0.iq2.weight", iq2, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -103,13 +103,13 @@ def test_cli_on_gguf_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     """The llama.cpp workflow: re-quantize, inspect, compare, dequantize — all on GGUF files."""
     f16, q8 = tmp_path / "model-f16.gguf", tmp_path / "model-q8_0.gguf"
     weights = _gguf_f16(f16)
-    assert main(["quantize", str(f16), str(q8), "--scheme", "q8_0", "--quiet"]) == 1  # it holds a Q6_K weight
+    assert main(["quantize", str(f16), str(q8), "--scheme", "q8_0", "--quiet"]) == 1  # it holds an IQ2_XXS weight
     err = capsys.readouterr().err
     assert "holds 1 weight(s) quantized already that --scheme q8_0 would quantize again" in err
-    assert "(e.g. 'blk.0.q6k.weight', Q6_K)" in err
+    assert "(e.g. 'blk.0.iq2.weight', IQ2_XXS)" in err
     assert "rerun with --requantize" in err
     assert not q8.exists()
-    argv = ["quantize", str(f16), str(q8), "--scheme", "q8_0", "--exclude", "blk.0.q6k.weight", "--quiet"]
+    argv = ["quantize", str(f16), str(q8), "--scheme", "q8_0", "--exclude", "blk.0.iq2.weight", "--quiet"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "quantized 2 tensors as Q8_0" in out
@@ -118,12 +118,12 @@ def test_cli_on_gguf_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["blk.0.attn_q.weight"] == "Q8_0"
     assert types["blk.0.attn_norm.weight"] == "F32"
-    assert types["blk.0.q6k.weight"] == "Q6_K"  # already quantized and excluded: left as it was
+    assert types["blk.0.iq2.weight"] == "IQ2_XXS"  # already quantized and excluded: left as it was
 
     assert main(["inspect", str(q8)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"blk\.0\.attn_q\.weight\s+8x256\s+q8f:block32:f16", out)
-    assert "Q6_K read as float32 values" in out  # never silently: the note says how it was read
+    assert "IQ2_XXS read as float32 values" in out  # never silently: the note says how it was read
 
     assert main(["compare", str(f16), str(q8)]) == 0
     out = capsys.readouterr().out

@@ -103,7 +103,7 @@ def test_files_llama_cpp_wrote_read_exactly(oracle: object, type_name: str) -> N
 
 
 def _gguf_file(path: Path, dtype: str) -> dict[str, np.ndarray]:
-    """A small llama-shaped GGUF of float weights (``dtype`` F32 or F16) and a norm; its f32 values."""
+    """A small llama-shaped GGUF of float weights (``dtype`` F32, F16 or BF16) and a norm; its f32 values."""
     rng = np.random.default_rng(3)
     shapes = {
         "token_embd.weight": (40, 512),
@@ -117,6 +117,13 @@ def _gguf_file(path: Path, dtype: str) -> dict[str, np.ndarray]:
     values = {}
     for name, shape in shapes.items():
         x = (rng.standard_t(4, shape) * 0.05).astype(np.float32)
+        if dtype == "BF16":  # gguf-py takes bfloat16 as its raw bits
+            import ml_dtypes
+
+            half = x.astype(ml_dtypes.bfloat16)
+            w.add_tensor(name, half.view(np.uint16), raw_shape=shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            values[name] = half.astype(np.float32)
+            continue
         stored = x.astype(np.float16) if dtype == "F16" else x
         w.add_tensor(name, stored)
         values[name] = stored.astype(np.float32)
@@ -135,7 +142,8 @@ def test_cli_quantize_writes_llama_quantize_bytes(
 ) -> None:
     src, dst = tmp_path / "m.gguf", tmp_path / "q.gguf"
     values = _gguf_file(src, dtype)
-    assert main(["quantize", str(src), str(dst), "--scheme", type_name.lower(), "--quiet"]) == 0
+    # --pure: every weight in the one type (llama-quantize's mix for the file type is test_gguf_mixes.py's)
+    assert main(["quantize", str(src), str(dst), "--scheme", type_name.lower(), "--pure", "--quiet"]) == 0
     capsys.readouterr()
     r = gguf.GGUFReader(str(dst))
     got = {t.name: t for t in r.tensors}
@@ -162,7 +170,7 @@ def test_cli_quantize_writes_llama_quantize_bytes(
 def test_cli_says_which_tensors_fell_back(oracle: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src, dst = tmp_path / "m.gguf", tmp_path / "q.gguf"
     _gguf_file(src, "F32")
-    assert main(["quantize", str(src), str(dst), "--scheme", "tq1_0", "--quiet"]) == 0
+    assert main(["quantize", str(src), str(dst), "--scheme", "tq1_0", "--pure", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "blk.0.ffn_gate.weight: rows of TQ1_0 blocks do not fit, written as Q4_0 (llama-quantize's fallback)" in out
 

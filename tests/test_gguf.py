@@ -27,6 +27,7 @@ from arrayquant.errors import (
     SchemeError,
     ShapeError,
 )
+from arrayquant.fused import ggml_blocks
 from arrayquant.io import gguf as G
 from arrayquant.io.gguf import types as gguf_types
 from arrayquant.io.gguf.writer import ARRAY_TYPES
@@ -84,11 +85,11 @@ def _block(type_name: str) -> int:
 SHAPES = [(2, 1), (3, 4, 2), (6,)]  # in blocks of the type: (rows..., blocks per row)
 
 
-def _q6_k(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
-    """Q6_K bytes (a type gguf-py only dequantizes): ql, qh and int8 scales at random, f16 d = 0.01."""
-    raw = rng.integers(0, 256, (rows, blocks, 210), dtype=np.uint8)
-    raw[..., 208:] = np.array([0.01], "<f2").view(np.uint8)  # block_q6_K: ql[128], qh[64], scales[16], d
-    return raw.reshape(rows, blocks * 210)
+def _iq2_xxs(rng: np.random.Generator, rows: int, blocks: int) -> np.ndarray:
+    """IQ2_XXS bytes (a vector codebook, no arrayquant scheme): grid indices at random, f16 d = 0.01."""
+    raw = rng.integers(0, 256, (rows, blocks, 66), dtype=np.uint8)
+    raw[..., :2] = np.array([0.01], "<f2").view(np.uint8)  # block_iq2_xxs: d, then qs[32] (uint16)
+    return raw.reshape(rows, blocks * 66)
 
 
 def _negative_d(raw: np.ndarray, type_name: str, block: int) -> np.ndarray:
@@ -165,12 +166,12 @@ def test_types_not_schemes_say_why(tmp_path: Path) -> None:
     q41 = _negative_d(gguf.quants.quantize(_data(rng, "Q4_1", (2, 2)), GT.Q4_1), "Q4_1", 3)
     d = float(q41.reshape(4, 20)[3, :2].view("<f2")[0])
     assert d < 0
-    _write(path, [("a", q41, "Q4_1"), ("b", _q6_k(rng, 2, 1), "Q6_K")])
+    _write(path, [("a", q41, "Q4_1"), ("b", _iq2_xxs(rng, 2, 1), "IQ2_XXS")])
     items = list(G.iter_tensors(path))
     assert {n: note for n, _, note in items} == {
         "a": f"Q4_1 read as float32 values: Q4_1 block 3 (row (1,), block 1 of the row) has d = {d}: arrayquant's "
         "offset-mode scales are >= 0 (ggml writes d = (max - min) / qmax, never negative)",
-        "b": "Q6_K read as float32 values: its blocks are not an arrayquant scheme",
+        "b": "IQ2_XXS read as float32 values: its blocks are not an arrayquant scheme",
     }
     reader = gguf.GGUFReader(str(path))
     for (_, value, _), t in zip(items, reader.tensors, strict=True):
@@ -290,7 +291,8 @@ def test_saved_quantized_tensors_read_by_gguf_py(tmp_path: Path, type_name: str,
     rng = np.random.default_rng(len(type_name) + len(shape))
     x = rng.standard_normal(shape).astype(np.float32) * np.float32(3)
     x[0, :40] = 0.0
-    qt = aq.quantize(x, scheme)
+    # the K-quants' scales are an f16 times small integers: ggml's quantizer makes them so, MinMax does not
+    qt = aq.quantize(x, scheme, calibration="ggml" if type_name in ggml_blocks.KTYPES else "minmax")
     path = tmp_path / "q.gguf"
     G.save(path, {"w": qt})
     r = gguf.GGUFReader(str(path))
@@ -483,13 +485,16 @@ def test_quantize_file_to_every_exact_type(tmp_path: Path, type_name: str) -> No
     rng = np.random.default_rng(gguf_types.EXACT.index(type_name))
     x = rng.standard_normal((2, 3, 512)).astype(np.float32)
     _write(src, [("blk.0.ffn_up.weight", x.astype(np.float16), "F16"), ("blk.0.ffn_norm.weight", x[0, 0], "F32")])
-    summary = G.quantize_file(src, dst, type_name.lower())
+    summary = G.quantize_file(src, dst, type_name.lower(), pure=True)  # the type alone, as llama-quantize --pure
     written = type_name  # tq1_0 too, though its scheme is TQ2_0's
     assert summary.quantized == ["blk.0.ffn_up.weight"]
     assert summary.stored_as == written
     r = gguf.GGUFReader(str(dst))
     assert [t.tensor_type.name for t in r.tensors] == [written, "F32"]
-    assert r.fields["general.file_type"].contents() == int(getattr(gguf.LlamaFileType, f"MOSTLY_{written}", 38))
+    ftype = {"MXFP4": "MOSTLY_MXFP4_MOE", "Q3_K": "MOSTLY_Q3_K_M", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M"}
+    assert r.fields["general.file_type"].contents() == int(
+        getattr(gguf.LlamaFileType, ftype.get(written, f"MOSTLY_{written}"))
+    )
     got = gguf.quants.dequantize(np.asarray(r.tensors[0].data), r.tensors[0].tensor_type)
     f32 = x.astype(np.float16).astype(np.float32)
     expected = np.asarray(aq.dequantize(aq.quantize(f32, gguf_types.scheme_of(type_name), calibration="ggml")))
@@ -1015,12 +1020,12 @@ def test_load_onto_another_backend(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     x = _data(rng, "Q8_0", (2, 1))
     path = tmp_path / "m.gguf"
-    _write(path, [("q", x, "Q8_0"), ("b", x[0].copy(), "F32"), ("k", _q6_k(rng, 2, 1), "Q6_K")])
+    _write(path, [("q", x, "Q8_0"), ("b", x[0].copy(), "F32"), ("k", _iq2_xxs(rng, 2, 1), "IQ2_XXS")])
     out = G.load(path, backend="array_api_strict")
     assert isinstance(out["q"], aq.QuantizedTensor)
     strict = type(xp.asarray([1.0]))
     assert isinstance(out["b"], strict)
     assert isinstance(out["k"], strict)  # read as floats, then moved
     np.testing.assert_array_equal(np.asarray(out["b"]), x[0])
-    expected = gguf.quants.dequantize(np.asarray(gguf.GGUFReader(str(path)).tensors[2].data), GT.Q6_K)
+    expected = gguf.quants.dequantize(np.asarray(gguf.GGUFReader(str(path)).tensors[2].data), GT.IQ2_XXS)
     np.testing.assert_array_equal(_bits(np.asarray(out["k"])), _bits(expected))

@@ -443,13 +443,14 @@ def test_nvfp4_scale_0xff_not_exact() -> None:
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("Q4_K", "super-blocks of 256: f16 d and dmin times 6-bit integer scales and mins per 32 (affine, two levels)"),
-        ("q6_k", "super-blocks of 256: f16 d times int8 scales per 16 over 6-bit codes (no 6-bit value)"),
+        ("Q8_K", "llama.cpp's activation type for K-quant dot products, not a file type"),
+        ("iq1_s", "vector codebook (lattice grid of 4 or 8 values per index), not element-wise codes"),
         ("IQ2_XXS", "vector codebook (lattice grid of 4 or 8 values per index), not element-wise codes"),
         ("F16", "plain float16: passes through as an array"),
         (
             "NOPE",
-            "no arrayquant scheme maps it (those that do: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ2_0, TQ1_0, MXFP4, NVFP4)",
+            "no arrayquant scheme maps it (those that do: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, TQ2_0, TQ1_0, MXFP4, NVFP4, "
+            "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
         ),
     ],
 )
@@ -479,17 +480,25 @@ def test_scheme_of_and_type_of() -> None:
         "TQ1_0": "q2s:block256:f16",
         "MXFP4": "e2m1:block32:ue8m0:packed_native",
         "NVFP4": "e2m1:block16:ue4m3:packed_native",
+        "Q2_K": "u2:block16:f32:offset",
+        "Q3_K": "q3f:block16:f32",
+        "Q4_K": "u4:block32:f32:offset",
+        "Q5_K": "u5:block32:f32:offset",
+        "Q6_K": "q6f:block16:f32",
+        "IQ4_NL": "q4f:block32:f16:lookup:iq4nl",
+        "IQ4_XS": "q4f:block32:f32:lookup:iq4nl",
     }
     for name in gt.EXACT:
         block, _ = gguf.GGML_QUANT_SIZES[T[name]]
-        assert gt.scheme_of(name).block[0].size in (block, 16)
+        assert gt.scheme_of(name).block[0].size in (block, 16, 32)  # the K-quants' sub-blocks of 16 and 32
         assert gt.type_of(gt.scheme_of(name)) == ("TQ2_0" if name == "TQ1_0" else name)
     assert gt.type_of(parse("q8f:block32:f16:packed_u32:1")) == "Q8_0"
     assert gt.type_of(parse("mxfp4")) == "MXFP4"
     assert gt.type_of(parse("nvfp4")) == "NVFP4"
     others = ["q8s:block32:f16", "q8f:block32:bf16", "q8f:block64:f16", "q4f:block32:f16:tensor:f32", "q2s:block256"]
     others += ["mxfp8", "nf4", "q8f:block2x32:f16", "e2m1:block16:ue4m3:tensor:f16"]
-    others += ["u4:block32:f16:zero_point", "u4:block32:bf16:offset", "u4:block64:f16:offset", "u5:block32:f32:offset"]
+    others += ["u4:block32:f16:zero_point", "u4:block32:bf16:offset", "u4:block64:f16:offset", "u5:block32:bf16:offset"]
+    others += ["u4:block16:f32:offset", "q6f:block32:f32", "q4f:block32:f32:lookup:nf4", "q4s:block32:f16:lookup:iq4nl"]
     others += ["q5s:block32:f16", "q4f:block32:f16:zero_point", "u8:block32:f16:offset"]
     for other in others:
         assert gt.type_of(parse(other)) is None, other
@@ -560,8 +569,10 @@ def test_encode_errors() -> None:
         "scheme q8s:block32:f16 has no GGUF block type; the schemes that map (any store) are: q8f:block32:f16 -> "
         "Q8_0; q4f:block32:f16 -> Q4_0; u4:block32:f16:offset -> Q4_1; q5f:block32:f16 -> Q5_0; "
         "u5:block32:f16:offset -> Q5_1; q2s:block256:f16 -> TQ2_0; mxfp4 -> MXFP4; "
-        "e2m1:block16:ue4m3:packed_native -> NVFP4; and nvfp4 (two-level) -> NVFP4 with its per-tensor scale as a "
-        "separate F32 tensor"
+        "e2m1:block16:ue4m3:packed_native -> NVFP4; u2:block16:f32:offset -> Q2_K; q3f:block16:f32 -> Q3_K; "
+        "u4:block32:f32:offset -> Q4_K; u5:block32:f32:offset -> Q5_K; q6f:block16:f32 -> Q6_K; "
+        "q4f:block32:f16:lookup:iq4nl -> IQ4_NL; q4f:block32:f32:lookup:iq4nl -> IQ4_XS; and nvfp4 (two-level) -> "
+        "NVFP4 with its per-tensor scale as a separate F32 tensor"
     )
     q8 = aq.quantize(data("normal", (2, 64)), "q8f:block32:f16")
     with pytest.raises(aq.SchemeError, match=r"^scheme q8f:block32:f16 maps to GGUF Q8_0, not 'TQ1_0'$"):

@@ -32,7 +32,7 @@ from .invariants import (
 from .invariants import (
     check_finite as check_data_finite,
 )
-from .invariants.importance import check_importance
+from .invariants.importance import check_ggml_importance, check_importance
 from .invariants.plan import CalSpec, check_calibration_spec, ggml_kind
 from .kernels import (
     affine_params,
@@ -384,23 +384,33 @@ def quantize(
 def _quantize_ggml(
     x: Any, plan: Plan, params: Any, importance: Any, table: Any, xp: Any, device: Any
 ) -> QuantizedTensor:
-    """``calibration="ggml"``: llama.cpp's reference quantizer, on the host in f32 as ggml runs it."""
+    """``calibration="ggml"``: llama.cpp's quantizer, on the host in f32 as ggml runs it.
+
+    The reference quantizers (``quantize_row_*_ref``), or with ``importance`` llama.cpp's
+    importance-matrix searches (``quant_weights``) for the types that have one.
+    """
     kind = ggml_kind(plan)
     assert kind is not None  # check_calibration_spec refused the others
-    extra = [n for n, v in (("params", params), ("importance", importance), ("table", table)) if v is not None]
+    from .fused import ggml_kquants, ggml_reference  # host NumPy and Numba, as the other fused kernels
+
+    weighs = kind in ggml_kquants.TYPES  # ggml's quantizer for the type has an importance-weighted search
+    named = (("params", params), ("importance", None if weighs else importance), ("table", table))
+    extra = [n for n, v in named if v is not None]
     if extra:
+        why = "its own scales from the data, as llama-quantize does"
+        if "importance" in extra:
+            why += f" (its {kind} quantizer takes no importance matrix)"
         msg = (
-            f"calibration 'ggml' computes its own scales from the data, as llama-quantize without an imatrix "
-            f"does; drop {', '.join(extra)}, or use calibration='mse' to weight a search by importance"
+            f"calibration 'ggml' computes {why}; drop {', '.join(extra)}, or use calibration='mse' to weight "
+            "a search by importance"
         )
         raise ParamsError(msg)
     if dask_graph.handles(x):
         msg = "calibration 'ggml' runs eagerly on the host; pass x.compute() (or a NumPy array) instead of a Dask array"
         raise SchemeError(msg)
     shape = tuple(int(n) for n in x.shape)
-    from .fused import ggml_reference  # host NumPy, as the other fused kernels
-
-    per = {**ggml_reference.KINDS, **ggml_reference.OFFSET_KINDS}[kind][1]
+    sizes = {**ggml_reference.KINDS, **ggml_reference.OFFSET_KINDS}
+    per = sizes[kind][1] if kind in sizes else ggml_kquants.TYPES[kind][0]
     if shape[-1] % per:
         msg = (
             f"calibration 'ggml' quantizes whole blocks of {per} along the last axis, as ggml does, but x has "
@@ -410,6 +420,13 @@ def _quantize_ggml(
     name = shim.backend_name(x)
     kx = shim.kernel_namespace(xp)
     move = lambda a: shim.convert(a, name, device)
+    if importance is not None or kind not in sizes:  # the K-quants and IQ4, and ggml's imatrix searches
+        imatrix = None if importance is None else check_ggml_importance(importance, shape, xp, device)
+        codes, scales, offsets = ggml_kquants.quantize_host(x, kind, imatrix)
+        grid = plan.grid_shape(shape)
+        extra_grids = {} if offsets is None else {"offset": move(offsets.reshape(grid))}
+        values = pack_codes(move(codes), plan, xp=kx)
+        return QuantizedTensor(plan.scheme, shape, x.dtype, values, move(scales.reshape(grid)), **extra_grids)
     if kind in ggml_reference.OFFSET_KINDS:  # Q4_1, Q5_1: x = d * q + m
         codes, d, m = ggml_reference.quantize_offset_host(x, kind)
         return QuantizedTensor(

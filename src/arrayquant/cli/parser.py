@@ -171,6 +171,30 @@ def _file_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="GGUF and Burnpack: quantize weights that IN holds quantized already in another type, through "
         "float32 (as llama-quantize --allow-requantize; without it they are refused)",
     )
+    q.add_argument(
+        "--pure",
+        action="store_true",
+        help="GGUF with a llama-quantize file type (Q4_K_M, Q6_K, ...): every weight in its default type, as "
+        "llama-quantize --pure, instead of the mix it picks per tensor",
+    )
+    q.add_argument(
+        "--output-tensor-type",
+        metavar="TYPE",
+        help="GGUF with a llama-quantize file type: the type of output.weight (llama-quantize's option)",
+    )
+    q.add_argument(
+        "--token-embedding-type",
+        metavar="TYPE",
+        help="GGUF with a llama-quantize file type: the type of token_embd.weight (llama-quantize's option)",
+    )
+    q.add_argument(
+        "--tensor-type",
+        action="append",
+        default=[],
+        metavar="PATTERN=TYPE",
+        help="GGUF with a llama-quantize file type: tensors whose name PATTERN (a regular expression) is found in "
+        "get TYPE, the first that matches winning (repeat; llama-quantize's option, e.g. attn_v=q8_0)",
+    )
     q.add_argument("--backend", help="array backend (default: aq.backends.default())")
     q.add_argument("--device", help="device such as cpu, cuda, cuda:1 (default: the backend's)")
     q.add_argument(

@@ -62,6 +62,10 @@ def run(a: argparse.Namespace) -> int:
         raise CommandError(GGUF_SOURCE)
     check_out_name(a, kind, fmt)
     arrayquant_only = a.min_size or a.backend or a.device or a.nonfinite != "error"
+    gguf_options = a.pure or a.output_tensor_type or a.token_embedding_type or a.tensor_type
+    if gguf_options and kind != "gguf":
+        msg = "--pure, --output-tensor-type, --token-embedding-type and --tensor-type apply to GGUF IN and OUT only"
+        raise CommandError(msg)
     if a.requantize and kind not in ("gguf", "burnpack"):
         msg = (
             "--requantize applies to GGUF and Burnpack IN; turn a quantized safetensors file or model folder "
@@ -83,6 +87,27 @@ def run(a: argparse.Namespace) -> int:
             raise CommandError(msg)
         return _format_file(a, kind)
     return _safetensors(a, kind, fmt)
+
+
+def _llama_quantize_options(a: argparse.Namespace) -> dict[str, Any]:
+    """llama-quantize's options of a GGUF run, for :func:`arrayquant.quantize_file` (only those given)."""
+    out: dict[str, Any] = {}
+    if a.pure:
+        out["pure"] = True
+    if a.output_tensor_type:
+        out["output_tensor_type"] = a.output_tensor_type
+    if a.token_embedding_type:
+        out["token_embedding_type"] = a.token_embedding_type
+    pairs = []
+    for item in a.tensor_type:
+        pattern, sep, kind = item.partition("=")
+        if not sep or not pattern or not kind:
+            msg = f"--tensor-type {shown(item)}: it takes PATTERN=TYPE, e.g. attn_v=q8_0"
+            raise CommandError(msg)
+        pairs.append((pattern, kind))
+    if pairs:
+        out["tensor_types"] = pairs
+    return out
 
 
 def _importance_for(src: str, importance: str | None) -> dict[str, np.ndarray] | None:
@@ -337,7 +362,8 @@ def _format_file(a: argparse.Namespace, kind: str) -> int:
     output_folder(dst)
     not_the_input(src, dst)
     vectors = _importance_for(src, a.importance)
-    again: dict[str, str] = module.quantized_already(src, scheme_text, include=a.include, exclude=a.exclude)
+    llama = _llama_quantize_options(a) if kind == "gguf" else {}
+    again: dict[str, str] = module.quantized_already(src, scheme_text, include=a.include, exclude=a.exclude, **llama)
     if again and not a.requantize:
         first = next(iter(again))
         msg = (
@@ -359,14 +385,23 @@ def _format_file(a: argparse.Namespace, kind: str) -> int:
             # GGUF's default is ggml's own quantizer (llama-quantize's bytes); Burnpack's is minmax
             **({} if a.calibration is None else {"calibration": a.calibration}),
             importance=vectors,
+            **llama,
         )
     what = summary.stored_as
-    print(f"quantized {len(summary.quantized)} tensors as {what}")
+    if summary.types:  # a llama-quantize mix: each tensor in its own type
+        counts: dict[str, int] = {}
+        for kind_of in summary.types.values():
+            counts[kind_of] = counts.get(kind_of, 0) + 1
+        mix = ", ".join(f"{k} x{c}" for k, c in sorted(counts.items()))
+        print(f"quantized {len(summary.quantized)} tensors as {what} ({mix})")
+    else:
+        print(f"quantized {len(summary.quantized)} tensors as {what}")
     if again:
         done = [n for n in again if n in summary.quantized]
         print(f"re-quantized {len(done)} of them through float32 (--requantize): {_kinds(again, done)}")
     for name, other in summary.fallback.items():
-        print(f"  {shown(name)}: rows of {what} blocks do not fit, written as {other} (llama-quantize's fallback)")
+        picked = "the type llama-quantize picks" if summary.types else f"{what} blocks"
+        print(f"  {shown(name)}: rows of {picked} do not fit, written as {other} (llama-quantize's fallback)")
     for name, why in sorted(summary.left_out.items()):
         if name in again:
             why = f"{why}; it was {again[name]} in IN, dequantized to float32 by --requantize"

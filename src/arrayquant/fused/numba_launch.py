@@ -45,16 +45,17 @@ def launch(kernels: tuple[Any, Any], elements: int, *args: Any) -> Any:
         return kernels[0](*args)
 
 
-def parallel_and_serial(fn: Any) -> tuple[Any, Any]:
+def parallel_and_serial(fn: Any, **options: Any) -> tuple[Any, Any]:
     """``fn`` compiled parallel over its ``prange`` and serial (a plain loop), for :func:`launch`.
 
     The serial one compiles a copy of ``fn`` under another name. Numba's on-disk cache keys an
     entry by the function's name, code and closure, not by ``parallel``: compiled under one name,
     whichever of the two ran first would be loaded for the other in every later process (the
-    parallel kernel then runs on one thread, or a one-thread launch uses the pool).
+    parallel kernel then runs on one thread, or a one-thread launch uses the pool). ``options`` go to
+    both compilations (``error_model="numpy"``: a float division by zero gives infinity, as in C).
     """
     serial = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_serial", fn.__defaults__, fn.__closure__)
     serial.__qualname__ = f"{fn.__qualname__}_serial"
     serial.__doc__ = fn.__doc__
-    opts = {"cache": True, "nogil": True}
+    opts = {"cache": True, "nogil": True, **options}
     return numba.njit(parallel=True, **opts)(fn), numba.njit(**opts)(serial)

@@ -11,7 +11,7 @@ from ..scheme import Calibration
 from .data import can_read, check_same_place, is_real_float, namespace_of
 from .plan import SEARCHES
 
-__all__ = ["check_importance"]
+__all__ = ["check_ggml_importance", "check_importance"]
 
 
 def check_importance(importance: Any, calibration: Calibration, shape: tuple[int, ...], xp: Any, device: Any) -> Any:
@@ -63,3 +63,49 @@ def check_importance(importance: Any, calibration: Calibration, shape: tuple[int
     dev = compat.device(v)
     one = xp.asarray(1.0, dtype=xp.float32, device=dev)
     return xp.divide(v, xp.where(top > 0, top, one))
+
+
+def check_ggml_importance(importance: Any, shape: tuple[int, ...], xp: Any, device: Any) -> Any:
+    """Validate llama.cpp's importance matrix for data of ``shape``: returned as f32, unscaled.
+
+    ggml's searches weigh each column by ``quant_weights`` as given (a constant factor moves their
+    f32 rounding), so the values pass unchanged. One weight per column of the last axis, for every
+    row (shape ``(cols,)``), or for data stacked as ``(..., rows, cols)`` one vector per matrix
+    (``(..., 1, cols)`` or ``(..., cols)``), as llama-quantize gives each expert of a 3-D tensor its
+    own; finite and non-negative.
+
+    Raises
+    ------
+    DTypeError
+        Not an array, or not real floating.
+    ShapeError
+        None of the shapes above.
+    ParamsError
+        A negative, NaN or infinite entry.
+    DeviceError
+        In another namespace or on another device than the data.
+    """
+    ixp = namespace_of(importance, "importance")
+    if not is_real_float(ixp, importance.dtype):
+        msg = f"importance has dtype {importance.dtype}; it must be real floating (llama.cpp's imatrix values)"
+        raise DTypeError(msg)
+    check_same_place(xp, device, importance=importance)
+    got = tuple(int(n) for n in importance.shape)
+    cols = shape[-1] if shape else 0
+    stacked = len(shape) >= 3 and got in ((*shape[:-2], 1, cols), (*shape[:-2], cols))
+    if got != (cols,) and not stacked:
+        per = f" or one per matrix, {(*shape[:-2], cols)}" if len(shape) >= 3 else ""
+        msg = (
+            f"importance has shape {got}; llama.cpp's importance matrix is one weight per column of the data's "
+            f"last axis, shape ({cols},){per}"
+        )
+        raise ShapeError(msg)
+    v = xp.astype(importance, xp.float32)
+    if can_read(v):
+        flat = xp.reshape(v, (-1,))
+        bad = xp.logical_not(xp.isfinite(flat)) | (flat < 0)
+        if bool(xp.any(bad)):
+            i = int(xp.argmax(xp.astype(bad, xp.uint8)))
+            msg = f"importance has {float(flat[i])} at flat index {i}; weights must be finite and non-negative"
+            raise ParamsError(msg)
+    return v

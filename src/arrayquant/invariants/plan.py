@@ -61,15 +61,17 @@ class Plan:
 
     @property
     def signed_scales(self) -> bool:
-        """Whether stored scales may be negative: integer codes under one level of F32/F16/BF16.
+        """Whether stored scales may be negative: integer codes (or table indices) under one level of
+        F32/F16/BF16.
 
-        ``code * scale`` reads the same either way; ggml's Q4_0 (and any Q8_0 or TQ block a
-        writer chose to flip) stores ``d < 0``, so tensors read from GGUF keep that sign.
-        Calibrations never compute one except ``"ggml"`` for Q4_0.
+        ``code * scale`` reads the same either way; ggml's Q4_0, Q3_K and Q6_K (and any Q8_0 or TQ
+        block a writer chose to flip) store ``d < 0``, so tensors read from GGUF keep that sign. A
+        table that is not symmetric (IQ4_NL's) has no other way to a block's mirror image.
+        Calibrations never compute one except ``"ggml"``.
         """
         return (
             not self.value.is_float
-            and self.scheme.mode is QuantMode.SYMMETRIC
+            and self.scheme.mode in (QuantMode.SYMMETRIC, QuantMode.LOOKUP)
             and not self.two_level
             and self.scale_dtype in (ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16)
         )
@@ -252,17 +254,28 @@ _GGML_KINDS = {
     (QuantValue.Q2S, 256, ScaleDtype.F16): "TQ2_0",
     (QuantValue.E2M1, 32, ScaleDtype.UE8M0): "MXFP4",
     (QuantValue.E2M1, 16, ScaleDtype.UE4M3): "NVFP4",
+    # the K-quants: f32 sub-block scales (and offsets) that are an f16 d times small integers
+    (QuantValue.U2, 16, ScaleDtype.F32): "Q2_K",
+    (QuantValue.Q3F, 16, ScaleDtype.F32): "Q3_K",
+    (QuantValue.U4, 32, ScaleDtype.F32): "Q4_K",
+    (QuantValue.U5, 32, ScaleDtype.F32): "Q5_K",
+    (QuantValue.Q6F, 16, ScaleDtype.F32): "Q6_K",
 }
+# lookup schemes over llama.cpp's kvalues_iq4nl table (the "iq4nl" codebook)
+_GGML_TABLES = {(QuantValue.Q4F, 32, ScaleDtype.F16): "IQ4_NL", (QuantValue.Q4F, 32, ScaleDtype.F32): "IQ4_XS"}
 
 
 def ggml_kind(plan: Plan) -> str | None:
     """The GGUF type whose ggml quantizer gives ``plan``'s codes and scales, or None."""
     if plan.two_level or plan.block is None or len(plan.block.dims) != 1:
         return None
+    key = (plan.value, plan.block.dims[0], plan.scale_dtype)
+    if plan.scheme.mode is QuantMode.LOOKUP:
+        return _GGML_TABLES.get(key) if plan.scheme.codebook == "iq4nl" else None
     want = QuantMode.OFFSET if plan.value.is_unsigned else QuantMode.SYMMETRIC
     if plan.scheme.mode is not want:
         return None
-    return _GGML_KINDS.get((plan.value, plan.block.dims[0], plan.scale_dtype))
+    return _GGML_KINDS.get(key)
 
 
 def check_calibration(calibration: Any, plan: Plan) -> Calibration:
@@ -401,8 +414,11 @@ def check_calibration_spec(calibration: Any, plan: Plan) -> CalSpec:
     kind = spec.kind
     if kind is Calibration.GGML and ggml_kind(plan) is None:
         maps = "; ".join(
-            f"{v.value}:block{b}:{d.name.lower()}{':offset' if v.is_unsigned else ''} ({t})"
-            for (v, b, d), t in _GGML_KINDS.items()
+            [
+                f"{v.value}:block{b}:{d.name.lower()}{':offset' if v.is_unsigned else ''} ({t})"
+                for (v, b, d), t in _GGML_KINDS.items()
+            ]
+            + [f"{v.value}:block{b}:{d.name.lower()}:lookup:iq4nl ({t})" for (v, b, d), t in _GGML_TABLES.items()]
         )
         msg = (
             f"calibration 'ggml' is llama.cpp's quantizer for the GGUF block types, and {plan.scheme} is none of "

@@ -30,6 +30,9 @@ class QuantizeSummary:
     left_out: dict[str, str] = field(default_factory=dict)  # name -> why it was not quantized
     # tensors the type cannot hold, written in the format's fallback type instead (GGUF) -> that type
     fallback: dict[str, str] = field(default_factory=dict)
+    # where the types differ from tensor to tensor (a llama-quantize mix such as Q4_K_M): each written
+    # tensor -> its type (GGUF types; F16 and the other float types included)
+    types: dict[str, str] = field(default_factory=dict)
     # the engine's fused layer (``...self_attn.qkv_proj``) -> its quantized modules sharing one
     # per-tensor level (compressed-tensors folders)
     fused_groups: dict[str, list[str]] = field(default_factory=dict)

@@ -322,7 +322,17 @@ PRESETS = {
     "q4_1": lambda: QuantScheme.parse("u4:block32:f16:offset"),
     "q5_0": lambda: QuantScheme.parse("q5f:block32:f16"),
     "q5_1": lambda: QuantScheme.parse("u5:block32:f16:offset"),
+    # the K-quants and IQ4: sub-block scales (and offsets) d * level, exact in f32 (arrayquant.fused.ggml_blocks)
+    "q2_k": lambda: QuantScheme.parse("u2:block16:f32:offset"),
+    "q3_k": lambda: QuantScheme.parse("q3f:block16:f32"),
+    "q4_k": lambda: QuantScheme.parse("u4:block32:f32:offset"),
+    "q5_k": lambda: QuantScheme.parse("u5:block32:f32:offset"),
+    "q6_k": lambda: QuantScheme.parse("q6f:block16:f32"),
+    "iq4_nl": lambda: QuantScheme.parse("q4f:block32:f16:lookup:iq4nl"),
+    "iq4_xs": lambda: QuantScheme.parse("q4f:block32:f32:lookup:iq4nl"),
 }
 # accepted by parse, never printed: str() keeps the spelled-out form for these schemes
-_ALIASES = frozenset({"q8_0", "q4_0", "tq2_0", "q4_1", "q5_0", "q5_1"})
+_ALIASES = frozenset(
+    {"q8_0", "q4_0", "tq2_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"}
+)
 _MODES = tuple(m.value for m in QuantMode)

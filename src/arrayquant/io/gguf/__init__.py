@@ -13,12 +13,14 @@ module                 owns
 ``reader``             tensors as arrayquant holds them: :func:`load`, :func:`iter_tensors`
 ``writer``             the streaming writer and :func:`save`
 ``types``              the GGUF types that are arrayquant schemes, and their block codecs
+``mixes``              llama-quantize's file types (Q4_K_M, ...): each tensor's type, :data:`MIXES`
 ``requantize``         :func:`quantize_file` (llama-quantize's rule) and :func:`dequantize_file`
 =====================  ==================================================================
 """
 
 from .container import MAGIC, MAX_ALIGNMENT, MAX_ARRAY_ITEMS, MAX_KEY_BYTES, MAX_KEY_VALUES, NAME, open_gguf, sniff
 from .metadata import GGUFArray
+from .mixes import MIXES
 from .reader import iter_tensors, load, read_metadata, tensor_shapes
 from .requantize import dequantize_file, quantize_file, quantized_already
 from .writer import save
@@ -29,6 +31,7 @@ __all__ = [
     "MAX_ARRAY_ITEMS",
     "MAX_KEY_BYTES",
     "MAX_KEY_VALUES",
+    "MIXES",
     "NAME",
     "GGUFArray",
     "dequantize_file",

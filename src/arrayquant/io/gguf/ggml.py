@@ -49,7 +49,14 @@ def type_nbytes(type_name: str, shape: tuple[int, ...]) -> int:
 def file_type(type_name: str) -> int | None:
     """The ``general.file_type`` (``LlamaFileType``) of a file mostly of ``type_name``, or None where it has none."""
     lft = gguf_py().LlamaFileType
-    special = {"F32": "ALL_F32", "MXFP4": "MOSTLY_MXFP4_MOE"}
+    # llama-quantize's names "Q3_K", "Q4_K", "Q5_K" are its _M mixes (tools/quantize/quantize.cpp)
+    special = {
+        "F32": "ALL_F32",
+        "MXFP4": "MOSTLY_MXFP4_MOE",
+        "Q3_K": "MOSTLY_Q3_K_M",
+        "Q4_K": "MOSTLY_Q4_K_M",
+        "Q5_K": "MOSTLY_Q5_K_M",
+    }
     member = getattr(lft, special.get(type_name, f"MOSTLY_{type_name}"), None)
     return None if member is None else int(member)
 

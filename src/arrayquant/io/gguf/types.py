@@ -78,6 +78,7 @@ import numpy as np
 
 from ...backends import default, shim
 from ...errors import CorruptDataError, ParamsError, SchemeError, ShapeError
+from ...fused import ggml_blocks
 from ...invariants import check_shape
 from ...kernels.roundup import round_up_scales
 from ...scheme import QuantScheme, ScaleDtype
@@ -98,7 +99,18 @@ __all__ = [
     "type_of",
 ]
 
-EXACT: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "TQ2_0", "TQ1_0", "MXFP4", "NVFP4")
+EXACT: tuple[str, ...] = (
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "TQ2_0",
+    "TQ1_0",
+    "MXFP4",
+    "NVFP4",
+    *ggml_blocks.KTYPES,
+)
 
 _SCHEME_TEXT = {
     "Q8_0": "q8f:block32:f16",
@@ -110,6 +122,7 @@ _SCHEME_TEXT = {
     "TQ1_0": "q2s:block256:f16",
     "MXFP4": "mxfp4",
     "NVFP4": "e2m1:block16:ue4m3:packed_native",
+    **ggml_blocks.SCHEMES,
 }
 # (elements per block, bytes per block), as gguf-py's GGML_QUANT_SIZES
 _SIZES = {
@@ -122,6 +135,7 @@ _SIZES = {
     "TQ1_0": (256, 54),
     "MXFP4": (32, 17),
     "NVFP4": (64, 36),
+    **ggml_blocks.KTYPES,
 }
 
 NOT_EXACT: dict[str, str] = {
@@ -131,13 +145,6 @@ NOT_EXACT: dict[str, str] = {
     "F64": "plain float64: passes through as an array",
     "Q8_1": "llama.cpp's activation type for dot products (d and a precomputed sum), not a file type",
     "Q8_K": "llama.cpp's activation type for K-quant dot products, not a file type",
-    "Q2_K": "super-blocks of 256: f16 d and dmin times 4-bit integer scales and mins per 16 (affine, two levels)",
-    "Q3_K": "super-blocks of 256: f16 d times 6-bit integer scales per 16 over 3-bit codes (no 3-bit value)",
-    "Q4_K": "super-blocks of 256: f16 d and dmin times 6-bit integer scales and mins per 32 (affine, two levels)",
-    "Q5_K": "super-blocks of 256: f16 d and dmin times 6-bit integer scales and mins per 32 over 5-bit codes",
-    "Q6_K": "super-blocks of 256: f16 d times int8 scales per 16 over 6-bit codes (no 6-bit value)",
-    "IQ4_NL": "a non-uniform 16-value table (kvalues_iq4nl) times an f16 scale per 32; no built-in codebook",
-    "IQ4_XS": "the IQ4_NL table with 6-bit quantized sub-block scales per super-block of 256",
     "Q1_0": "1-bit codes per 128 with an f16 scale; arrayquant has no 1-bit value kind",
 }
 for _iq in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"):
@@ -168,7 +175,7 @@ def scheme_of(type_name: str) -> QuantScheme | None:
     --------
     >>> scheme_of("Q8_0").spelled_out()
     'q8f:block32:f16'
-    >>> scheme_of("q4_k") is None
+    >>> scheme_of("iq2_xxs") is None
     True
     """
     text = _SCHEME_TEXT.get(str(type_name).upper())
@@ -448,9 +455,9 @@ def decode(
     >>> qt, why = decode(block, "Q8_0", (32,), backend="numpy")
     >>> aq.dequantize(qt)[:4].tolist(), why
     ([0.0, 1.0, 2.0, 3.0], '')
-    >>> qt, why = decode(block, "Q6_K", (32,))
+    >>> qt, why = decode(block, "IQ2_XXS", (32,))
     >>> qt, why.split(": ")[0]
-    (None, 'GGUF type Q6_K is not an arrayquant scheme')
+    (None, 'GGUF type IQ2_XXS is not an arrayquant scheme')
     """
     if isinstance(type_name, str) and type_name.upper() not in _SIZES:
         why = NOT_EXACT.get(type_name.upper(), f"no arrayquant scheme maps it (those that do: {_KNOWN})")
@@ -474,20 +481,25 @@ def decode(
         )
         raise CorruptDataError(msg)
     blocks = raw.reshape(n, size)
-    codes_raw, sbytes = _unpack_blocks(kind, blocks)
 
     def where(i: int) -> str:
         return _where(i, lead, per_row)
 
     offset = None
-    if kind in ("MXFP4", "NVFP4"):
-        codes, scales, why = _fp4_codes(kind, codes_raw, sbytes, where)
-    elif _AFFINE.get(kind, (False,))[0]:
-        d, m = _f16_bits(sbytes.reshape(n, 2)), _f16_bits(blocks[:, 2:4])
-        codes, scales, offset, why = _offset_codes(kind, codes_raw, d, m, where)
+    if kind in ggml_blocks.KTYPES:
+        codes, scales, offset = ggml_blocks.decode(kind, blocks)
+        refused = ggml_blocks.refusal(kind, scales, offset)
+        why = "" if refused is None else f"{kind} {where(refused[0])} has {refused[1]}"
     else:
-        d = _f16_bits(sbytes.reshape(n, 2))
-        codes, scales, why = _int_codes(kind, codes_raw, d, where)
+        codes_raw, sbytes = _unpack_blocks(kind, blocks)
+        if kind in ("MXFP4", "NVFP4"):
+            codes, scales, why = _fp4_codes(kind, codes_raw, sbytes, where)
+        elif _AFFINE.get(kind, (False,))[0]:
+            d, m = _f16_bits(sbytes.reshape(n, 2)), _f16_bits(blocks[:, 2:4])
+            codes, scales, offset, why = _offset_codes(kind, codes_raw, d, m, where)
+        else:
+            d = _f16_bits(sbytes.reshape(n, 2))
+            codes, scales, why = _int_codes(kind, codes_raw, d, where)
     if why:
         return None, why
     scheme = QuantScheme.parse(_SCHEME_TEXT[kind])
@@ -624,7 +636,16 @@ def _encode(qt: QuantizedTensor, type_name: str | None, *, fold: bool) -> tuple[
     codes = _host(qt.codes()).reshape(n, block)
     scales = _host(qt.scales).astype(np.float32).reshape(n, -1)
     glob = None if qt.global_scale is None else _host(qt.global_scale).astype(np.float32).reshape(1)
-    if kind in _AFFINE:
+    if kind in ggml_blocks.KTYPES:
+        offsets = None if qt.offset is None else _host(qt.offset).astype(np.float32).reshape(n, -1)
+        out, why = ggml_blocks.encode(kind, codes, scales, offsets)
+        if why:
+            msg = (
+                f"{kind} {why}. Quantize from floats with calibration='ggml' (the default for GGUF files) to "
+                f"get {kind}'s own scales"
+            )
+            raise SchemeError(msg)
+    elif kind in _AFFINE:
         out = _affine_bytes(kind, codes, scales, None if qt.offset is None else _host(qt.offset))
     elif kind in ("MXFP4", "NVFP4"):
         q = codes.astype(np.uint8)

@@ -6,23 +6,30 @@ llama-quantize calls it; arrayquant is ``arrayquant.fused.ggml_kquants.quantize_
 ``ARRAYQUANT_THREADS=1`` (its serial kernel). Both quantize the same f32 weight (default 4096 x
 4096, the size of a 7B model's attention projection), with and without an importance matrix;
 each figure is the best of ``--repeat`` runs, and the bytes are checked equal. The first call's
-compile time (numba, cached on disk afterwards) is printed apart.
+compile time (numba, cached on disk afterwards) is printed apart; ``--cold`` compiles into an empty
+numba cache, so that figure is a fresh install's first call.
 
-    python ci/kquants_bench.py [--rows 4096] [--cols 4096] [--repeat 3] [--json out.json]
+    python ci/kquants_bench.py [--rows 4096] [--cols 4096] [--repeat 3] [--cold] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 os.environ["ARRAYQUANT_THREADS"] = "1"  # before arrayquant reads it
+if "--cold" in sys.argv:  # before numba reads it
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="arrayquant-bench-numba-")
+    atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], True)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import ggml_oracle
@@ -46,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--cols", type=int, default=4096)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--cold", action="store_true", help="compile the kernels into an empty numba cache")
     p.add_argument("--json", help="also write the rows as JSON")
     a = p.parse_args(argv)
     rng = np.random.default_rng(0)

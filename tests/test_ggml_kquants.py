@@ -301,3 +301,20 @@ def test_lookup_scales_may_be_negative() -> None:
     nf4 = aq.QuantScheme.parse("q4f:block4:f32:lookup:nf4:native")  # the same holds for any table
     last = np.array([[-1, 0, 0, 0]], np.int8)  # field 15: NF4's 1.0
     assert np.asarray(aq.dequantize(aq.QuantizedTensor(nf4, (1, 4), np.float32, last, qt.scales)))[0, 0] == -0.5
+
+
+def test_nearest_int_reads_the_bits_as_the_c_does() -> None:
+    """``nearest_int`` against the C's definition done in NumPy (the bits of ``x + 12582912.0f``):
+    halves round to even, and past ``|x| > 4194303`` (the assert ggml compiles out) the low bits."""
+    halves = np.arange(-8, 8, dtype=np.float32) + np.float32(0.5)
+    edges = np.array([4194303.0, 4194303.5, 4194304.0, -4194304.0, -4194304.5, -4194305.0], np.float32)
+    wild = np.array([1e7, -1e7, 3.0e38, -3.0e38, np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-40], np.float32)
+    rng = np.random.default_rng(7)
+    spread = (rng.standard_normal(2000) * 10.0 ** rng.integers(-3, 9, 2000)).astype(np.float32)
+    values = np.concatenate([halves, edges, wild, spread])
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = (values + np.float32(12582912.0)).view(np.int32)
+    want = (bits & 0x007FFFFF).astype(np.int64) - 0x00400000
+    got = np.array([ggml_kquants.nearest_int(v) for v in values])
+    np.testing.assert_array_equal(got, want)
+    assert list(got[:16]) == [-8, -6, -6, -4, -4, -2, -2, 0, 0, 2, 2, 4, 4, 6, 6, 8]

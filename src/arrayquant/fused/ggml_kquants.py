@@ -65,25 +65,31 @@ KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 _KERNELS: tuple[Any, Any] | None = None
 
 if numba is not None:
+    import llvmlite.ir
+    import numba.extending
+
     f32 = np.float32
     # error_model="numpy": x / 0.0 is infinity (or NaN) as in C, not a ZeroDivisionError
     njit = numba.njit(cache=True, nogil=True, error_model="numpy")
     eps = f32(1e-15)  # GROUP_MAX_EPS
     magic = f32(12582912.0)
 
+    @numba.extending.intrinsic
+    def _bits(typingctx, f):
+        """The bits of an f32 as an int32 (C's ``memcpy(&i, &f, 4)``); f32 only, so a stray f64 fails to compile."""
+        if f != numba.types.float32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvmlite.ir.IntType(32))
+
+        return numba.types.int32(numba.types.float32), codegen
+
     @njit
     def nearest_int(fval):
-        """ggml's ``nearest_int``: the low mantissa bits of ``fval + 12582912.0f``, as the C reads them."""
-        val = fval + magic
-        if val != val:
-            return 0
-        a = abs(val)
-        if a >= f32(8388608.0) and a < f32(16777216.0):  # |fval| <= 4194303: round half to even
-            return int(a) - 12582912
-        if a == f32(np.inf) or a == f32(0.0):
-            return -4194304
-        mant = math.frexp(float(a))[0]  # a = mant * 2**e, mant in [0.5, 1): the mantissa bits
-        return int((mant * 2.0 - 1.0) * 8388608.0) - 4194304
+        """ggml's ``nearest_int``: the low mantissa bits of ``fval + 12582912.0f``, read as the C reads them
+        (so past ``|fval| > 4194303``, where its assert is compiled out, the value is the C's too)."""
+        return np.int64(_bits(fval + magic) & 0x007FFFFF) - 0x00400000
 
     @njit
     def f16_round(f):
@@ -217,6 +223,19 @@ if numba is not None:
         return sumlx / suml2 if suml2 > f32(0.0) else f32(0.0)
 
     @njit
+    def _error(n, scale, mn, x, xo, w, wo, L, Lo, use_mad):
+        """The weighted absolute (``use_mad``) or squared error of levels ``L`` at ``scale`` and ``mn``."""
+        err = f32(0.0)
+        if use_mad:
+            for i in range(n):
+                err += w[wo + i] * abs(scale * f32(L[Lo + i]) + mn - x[xo + i])
+        else:
+            for i in range(n):
+                diff = scale * f32(L[Lo + i]) + mn - x[xo + i]
+                err += w[wo + i] * (diff * diff)
+        return err
+
+    @njit
     def make_qkx(n, nmax, x, xo, w, wo, L, Lo, Laux, rmin, rdelta, nstep, use_mad, strict):
         """``make_qkx2_quants`` (``strict``: ``max == min`` is flat) or ``make_qkx3_quants`` with
         weights (``max <= min``): the scale and ``the_min``."""
@@ -242,13 +261,9 @@ if numba is not None:
             return f32(0.0), -mn
         iscale = f32(nmax) / (mx - mn)
         scale = f32(1.0) / iscale
-        best_error = f32(0.0)
         for i in range(n):
-            lv = nearest_int(iscale * (x[xo + i] - mn))
-            L[Lo + i] = max(0, min(nmax, lv))
-            diff = scale * f32(L[Lo + i]) + mn - x[xo + i]
-            diff = abs(diff) if use_mad else diff * diff
-            best_error += w[wo + i] * diff
+            L[Lo + i] = max(0, min(nmax, nearest_int(iscale * (x[xo + i] - mn))))
+        best_error = _error(n, scale, mn, x, xo, w, wo, L, Lo, use_mad)
         if nstep < 1:
             return scale, -mn
         for step in range(nstep + 1):
@@ -273,11 +288,7 @@ if numba is not None:
                 if this_min > f32(0.0):
                     this_min = f32(0.0)
                     this_scale = sum_xl / sum_l2
-                cur_error = f32(0.0)
-                for i in range(n):
-                    diff = this_scale * f32(Laux[i]) + this_min - x[xo + i]
-                    diff = abs(diff) if use_mad else diff * diff
-                    cur_error += w[wo + i] * diff
+                cur_error = _error(n, this_scale, this_min, x, xo, w, wo, Laux, 0, use_mad)
                 if cur_error < best_error:
                     for i in range(n):
                         L[Lo + i] = Laux[i]

@@ -24,32 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .ggml_oracle import VERSION, cache_dir, sdist
+from .ggml_oracle import TYPES, VERSION, cache_dir, sdist
 
 _LLAMA = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
 _SHIM = Path(__file__).with_name("llama_shim.c")
-# enum ggml_type (ggml.h) by name, for the options that name a type
-GGML_TYPES = {
-    "F32": 0,
-    "F16": 1,
-    "Q4_0": 2,
-    "Q4_1": 3,
-    "Q5_0": 6,
-    "Q5_1": 7,
-    "Q8_0": 8,
-    "Q2_K": 10,
-    "Q3_K": 11,
-    "Q4_K": 12,
-    "Q5_K": 13,
-    "Q6_K": 14,
-    "IQ4_NL": 20,
-    "IQ4_XS": 23,
-    "BF16": 30,
-    "TQ1_0": 34,
-    "TQ2_0": 35,
-    "MXFP4": 39,
-    "NVFP4": 40,
-}
+# enum ggml_type (ggml.h) by name, for the options that name a type: the quantized ones and the floats
+GGML_TYPES = {"F32": 0, "F16": 1, "BF16": 30, **TYPES}
 
 
 def _extract(to: Path) -> Path:

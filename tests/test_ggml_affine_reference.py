@@ -24,7 +24,6 @@ from arrayquant.errors import NonFiniteInputError
 from arrayquant.fused import ggml_reference as ref
 
 from . import ggml_oracle
-from .test_ggml_bytes import oracle  # noqa: F401  the session fixture: skips where ggml cannot be built
 
 gguf = pytest.importorskip("gguf")
 

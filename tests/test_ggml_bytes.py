@@ -7,7 +7,6 @@ called through ctypes: ``ggml_quantize_chunk``, what llama-quantize writes every
 
 from __future__ import annotations
 
-import os
 import zlib
 from pathlib import Path
 
@@ -23,18 +22,6 @@ from . import ggml_oracle
 gguf = pytest.importorskip("gguf")
 
 TYPES = ["Q8_0", "Q4_0", "MXFP4", "NVFP4", "TQ1_0", "TQ2_0"]
-
-
-@pytest.fixture(scope="session")
-def oracle() -> object:
-    """The compiled oracle; CI (``ARRAYQUANT_REQUIRE_GGML_ORACLE=1``) fails where it cannot be built."""
-    try:
-        ggml_oracle.build()
-    except Exception as exc:  # no compiler, no registry: nothing to compare with on this machine
-        if os.environ.get("ARRAYQUANT_REQUIRE_GGML_ORACLE"):
-            raise
-        pytest.skip(f"ggml oracle not buildable here: {exc}")
-    return ggml_oracle
 
 
 def _below_powers(shape: tuple[int, int]) -> np.ndarray:

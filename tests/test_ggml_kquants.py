@@ -33,17 +33,6 @@ LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # their imatrix searches
 FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 
 
-@pytest.fixture(scope="session")
-def oracle() -> object:
-    try:
-        ggml_oracle.build()
-    except Exception as exc:  # pragma: no cover - no compiler or registry on this machine
-        if os.environ.get("ARRAYQUANT_REQUIRE_GGML_ORACLE"):
-            raise
-        pytest.skip(f"ggml oracle not buildable here: {exc}")
-    return ggml_oracle
-
-
 def _data(dist: str, shape: tuple[int, int] = (8, 512)) -> np.ndarray:
     """Weights of many kinds, each row a different case where it matters."""
     rng = np.random.default_rng(zlib.crc32(dist.encode()))

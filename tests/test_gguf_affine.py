@@ -29,7 +29,6 @@ from arrayquant.io import gguf as G
 from arrayquant.io.gguf import types as gt
 
 from . import ggml_oracle
-from .test_ggml_bytes import oracle  # noqa: F401  the session fixture: skips where ggml cannot be built
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType

@@ -9,7 +9,6 @@ files run in llama.cpp: the same logits.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +26,6 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("numba", reason="llama.cpp's K-quant quantizers run as numba kernels (pip install numba)")
 
 N_VOCAB, N_EMBD, N_FF = 512, 256, 384
-
-
-@pytest.fixture(scope="session")
-def llama() -> Any:
-    """libllama, built once; CI (``ARRAYQUANT_REQUIRE_GGML_ORACLE=1``) fails where it cannot be."""
-    from . import llama_oracle
-
-    try:
-        llama_oracle.build()
-    except Exception as exc:  # pragma: no cover - no cmake or compiler on this machine
-        if os.environ.get("ARRAYQUANT_REQUIRE_GGML_ORACLE"):
-            raise
-        pytest.skip(f"llama.cpp oracle not buildable here: {exc}")
-    return llama_oracle
 
 
 def _model(

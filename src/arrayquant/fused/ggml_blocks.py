@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..scheme.codebooks import IQ4NL
+
 __all__ = ["KTYPES", "LEGACY", "SCHEMES", "decode", "encode", "refusal"]
 
 _F32 = np.float32
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+KVALUES_IQ4NL = np.asarray(IQ4NL, np.float32)  # kvalues_iq4nl
 
 # type -> (values per block, bytes per block)
 KTYPES: dict[str, tuple[int, int]] = {

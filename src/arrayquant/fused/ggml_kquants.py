@@ -43,24 +43,15 @@ from .numba_launch import launch, numba, parallel_and_serial
 __all__ = ["IMATRIX_ONLY", "TYPES", "quantize_host", "quantize_host_bytes", "quantize_rows"]
 
 QK_K = 256
-# GGUF type -> (elements per block, bytes per block, kernel number)
-TYPES: dict[str, tuple[int, int, int]] = {
-    "Q2_K": (256, 84, 0),
-    "Q3_K": (256, 110, 1),
-    "Q4_K": (256, 144, 2),
-    "Q5_K": (256, 176, 3),
-    "Q6_K": (256, 210, 4),
-    "IQ4_NL": (32, 18, 5),
-    "IQ4_XS": (256, 136, 6),
-    "Q4_0": (32, 18, 7),
-    "Q4_1": (32, 20, 8),
-    "Q5_0": (32, 22, 9),
-    "Q5_1": (32, 24, 10),
-}
 # the types ported here for their imatrix search alone (their reference quantizer is ggml_reference's)
-IMATRIX_ONLY = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1"})
-
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+_LEGACY_SIZES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24)}
+IMATRIX_ONLY = frozenset(_LEGACY_SIZES)
+# GGUF type -> (elements per block, bytes per block, kernel number): the numbers _row dispatches on,
+# in this order (Q2_K ... Q6_K, IQ4_NL, IQ4_XS, then Q4_0 ... Q5_1)
+TYPES: dict[str, tuple[int, int, int]] = {
+    name: (*sizes, kind) for kind, (name, sizes) in enumerate({**ggml_blocks.KTYPES, **_LEGACY_SIZES}.items())
+}
+KVALUES_IQ4NL = ggml_blocks.KVALUES_IQ4NL.astype(np.int8)
 
 _KERNELS: tuple[Any, Any] | None = None
 
@@ -121,8 +112,8 @@ if numba is not None:
         return value
 
     @njit
-    def make_qx_quants(n, nmax, x, xo, L, Lo, qw, qo, has_qw):
-        """``make_qx_quants(n, nmax, x, L, 1, qw)``: every call ported here passes ``rmse_type = 1``."""
+    def _signed_max(n, x, xo):
+        """The first value of largest magnitude among ``x[xo:xo + n]``, and that magnitude."""
         mx = f32(0.0)
         amax = f32(0.0)
         for i in range(n):
@@ -130,42 +121,45 @@ if numba is not None:
             if ax > amax:
                 amax = ax
                 mx = x[xo + i]
+        return mx, amax
+
+    @njit
+    def _signed_sums(n, nmax, x, xo, iscale, qw, qo, has_qw, L, Lo, shift, store):
+        """Levels ``nearest_int(iscale * x)`` in ``[-nmax, nmax)`` (kept in ``L`` plus ``shift`` where
+        ``store``) and their sums ``w x l`` and ``w l l``, ``w`` the imatrix weight or ``x * x``."""
+        sumlx = f32(0.0)
+        suml2 = f32(0.0)
+        for i in range(n):
+            xi = x[xo + i]
+            lv = max(-nmax, min(nmax - 1, nearest_int(iscale * xi)))
+            if store:
+                L[Lo + i] = lv + shift
+            w = qw[qo + i] if has_qw else xi * xi
+            fl = f32(lv)
+            sumlx += w * xi * fl
+            suml2 += w * fl * fl
+        return sumlx, suml2
+
+    @njit
+    def make_qx_quants(n, nmax, x, xo, L, Lo, qw, qo, has_qw):
+        """``make_qx_quants(n, nmax, x, L, 1, qw)``: every call ported here passes ``rmse_type = 1``."""
+        mx, amax = _signed_max(n, x, xo)
         if amax < eps:
             for i in range(n):
                 L[Lo + i] = 0
             return f32(0.0)
         iscale = f32(-nmax) / mx
-        sumlx = f32(0.0)
-        suml2 = f32(0.0)
-        for i in range(n):
-            xi = x[xo + i]
-            lv = nearest_int(iscale * xi)
-            lv = max(-nmax, min(nmax - 1, lv))
-            L[Lo + i] = lv + nmax
-            w = qw[qo + i] if has_qw else xi * xi
-            fl = f32(lv)
-            sumlx += w * xi * fl
-            suml2 += w * fl * fl
+        sumlx, suml2 = _signed_sums(n, nmax, x, xo, iscale, qw, qo, has_qw, L, Lo, nmax, True)
         scale = sumlx / suml2 if suml2 != f32(0.0) else f32(0.0)
         best = scale * sumlx
         for step in range(-9, 10):
             if step == 0:
                 continue
             iscale = -(f32(nmax) + f32(0.1) * f32(step)) / mx
-            sumlx = f32(0.0)
-            suml2 = f32(0.0)
-            for i in range(n):
-                xi = x[xo + i]
-                lv = nearest_int(iscale * xi)
-                lv = max(-nmax, min(nmax - 1, lv))
-                w = qw[qo + i] if has_qw else xi * xi
-                fl = f32(lv)
-                sumlx += w * xi * fl
-                suml2 += w * fl * fl
+            sumlx, suml2 = _signed_sums(n, nmax, x, xo, iscale, qw, qo, has_qw, L, Lo, nmax, False)
             if suml2 > f32(0.0) and sumlx * sumlx > best * suml2:
                 for i in range(n):
-                    lv = nearest_int(iscale * x[xo + i])
-                    L[Lo + i] = nmax + max(-nmax, min(nmax - 1, lv))
+                    L[Lo + i] = nmax + max(-nmax, min(nmax - 1, nearest_int(iscale * x[xo + i])))
                 scale = sumlx / suml2
                 best = scale * sumlx
         return scale
@@ -173,29 +167,13 @@ if numba is not None:
     @njit
     def make_q3_quants(n, nmax, x, xo, L, Lo):
         """``make_q3_quants(n, nmax, x, L, true)``."""
-        mx = f32(0.0)
-        amax = f32(0.0)
-        for i in range(n):
-            ax = abs(x[xo + i])
-            if ax > amax:
-                amax = ax
-                mx = x[xo + i]
+        mx, amax = _signed_max(n, x, xo)
         if amax < eps:
             for i in range(n):
                 L[Lo + i] = 0
             return f32(0.0)
         iscale = f32(-nmax) / mx
-        sumlx = f32(0.0)
-        suml2 = f32(0.0)
-        for i in range(n):
-            xi = x[xo + i]
-            lv = nearest_int(iscale * xi)
-            lv = max(-nmax, min(nmax - 1, lv))
-            L[Lo + i] = lv
-            w = xi * xi
-            fl = f32(lv)
-            sumlx += w * xi * fl
-            suml2 += w * fl * fl
+        sumlx, suml2 = _signed_sums(n, nmax, x, xo, iscale, x, 0, False, L, Lo, 0, True)
         for _ in range(5):
             changed = 0
             for i in range(n):

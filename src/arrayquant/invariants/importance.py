@@ -41,24 +41,14 @@ def check_importance(importance: Any, calibration: Calibration, shape: tuple[int
             "use calibration='mse' or '4over6', or drop importance"
         )
         raise ParamsError(msg)
-    ixp = namespace_of(importance, "importance")
-    if not is_real_float(ixp, importance.dtype):
-        msg = f"importance has dtype {importance.dtype}; it must be real floating (e.g. mean squared activations)"
-        raise DTypeError(msg)
-    check_same_place(xp, device, importance=importance)
+    _check_float_here(importance, xp, device, "e.g. mean squared activations")
     if importance.ndim != 1 or int(importance.shape[0]) != shape[-1]:
         msg = (
             f"importance has shape {tuple(importance.shape)}; it must be 1-D with one weight per input column "
             f"of the data's last axis, shape ({shape[-1]},)"
         )
         raise ShapeError(msg)
-    v = xp.astype(importance, xp.float32)
-    if can_read(v):
-        bad = xp.logical_not(xp.isfinite(v)) | (v < 0)
-        if bool(xp.any(bad)):
-            i = int(xp.argmax(xp.astype(bad, xp.uint8)))
-            msg = f"importance has {float(v[i])} at index {i}; weights must be finite and non-negative"
-            raise ParamsError(msg)
+    v = _finite_non_negative(xp.astype(importance, xp.float32), xp, "index")
     top = xp.max(v)
     dev = compat.device(v)
     one = xp.asarray(1.0, dtype=xp.float32, device=dev)
@@ -85,11 +75,7 @@ def check_ggml_importance(importance: Any, shape: tuple[int, ...], xp: Any, devi
     DeviceError
         In another namespace or on another device than the data.
     """
-    ixp = namespace_of(importance, "importance")
-    if not is_real_float(ixp, importance.dtype):
-        msg = f"importance has dtype {importance.dtype}; it must be real floating (llama.cpp's imatrix values)"
-        raise DTypeError(msg)
-    check_same_place(xp, device, importance=importance)
+    _check_float_here(importance, xp, device, "llama.cpp's imatrix values")
     got = tuple(int(n) for n in importance.shape)
     cols = shape[-1] if shape else 0
     stacked = len(shape) >= 3 and got in ((*shape[:-2], 1, cols), (*shape[:-2], cols))
@@ -100,12 +86,25 @@ def check_ggml_importance(importance: Any, shape: tuple[int, ...], xp: Any, devi
             f"last axis, shape ({cols},){per}"
         )
         raise ShapeError(msg)
-    v = xp.astype(importance, xp.float32)
+    return _finite_non_negative(xp.astype(importance, xp.float32), xp, "flat index")
+
+
+def _check_float_here(importance: Any, xp: Any, device: Any, what: str) -> None:
+    """A real floating array in the data's namespace, on its device (``what``: the values it should hold)."""
+    ixp = namespace_of(importance, "importance")
+    if not is_real_float(ixp, importance.dtype):
+        msg = f"importance has dtype {importance.dtype}; it must be real floating ({what})"
+        raise DTypeError(msg)
+    check_same_place(xp, device, importance=importance)
+
+
+def _finite_non_negative(v: Any, xp: Any, where: str) -> Any:
+    """``v`` (f32), refused at its first NaN, infinite or negative entry where it can be read now."""
     if can_read(v):
         flat = xp.reshape(v, (-1,))
         bad = xp.logical_not(xp.isfinite(flat)) | (flat < 0)
         if bool(xp.any(bad)):
             i = int(xp.argmax(xp.astype(bad, xp.uint8)))
-            msg = f"importance has {float(flat[i])} at flat index {i}; weights must be finite and non-negative"
+            msg = f"importance has {float(flat[i])} at {where} {i}; weights must be finite and non-negative"
             raise ParamsError(msg)
     return v

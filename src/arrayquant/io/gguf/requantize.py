@@ -199,10 +199,16 @@ def _float_rows(f: GGUFFile, t: TensorInfo, kind: str = "F16") -> np.ndarray:
 
 
 def _quantized_rows(
-    f: GGUFFile, t: TensorInfo, kind: str, calibration: Any, importance: Mapping[str, Any] | None
+    f: GGUFFile,
+    t: TensorInfo,
+    kind: str,
+    calibration: Any,
+    importance: Mapping[str, Any] | None,
+    scheme: QuantScheme | None = None,
 ) -> np.ndarray:
-    """Float tensor ``t`` quantized as the GGUF type ``kind`` (a one-level scheme), a slab at a time."""
-    kind_scheme = gguf_types.scheme_of(kind)
+    """Float tensor ``t`` quantized as the GGUF type ``kind`` (with ``scheme``, a one-level scheme stored as
+    ``kind``, or the type's own scheme), a slab at a time."""
+    kind_scheme = gguf_types.scheme_of(kind) if scheme is None else scheme
     assert kind_scheme is not None  # the plan holds types that are schemes
     cal = "ggml" if calibration is None else calibration
     found = search_arguments(cal, importance, t.name)
@@ -374,14 +380,9 @@ def quantize_file(
                 t = src_t
                 if action == "f16":
                     write_tensor(writer, o, _float_rows(f, t))
-                elif action == "quantize" and o.type_name != type_name:  # a fallback type, a slab at a time
-                    write_tensor(writer, o, _quantized_rows(f, t, o.type_name, calibration, importance))
-                elif action == "quantize" and not split:  # a slab at a time
-                    cal = "ggml" if calibration is None else calibration
-                    found = search_arguments(cal, importance, t.name)
-                    if cal == "ggml" and type_name not in ggml_kquants.TYPES:
-                        found.pop("importance", None)  # ggml's quantizer for the type takes none (Q8_0, MXFP4, ...)
-                    write_tensor(writer, o, _encoded_rows(f, t, scheme_, type_name, **found))
+                elif action == "quantize" and (not split or o.type_name != type_name):  # a slab at a time
+                    kind_scheme = scheme_ if o.type_name == type_name else None  # else a fallback type's own
+                    write_tensor(writer, o, _quantized_rows(f, t, o.type_name, calibration, importance, kind_scheme))
                 elif action == "quantize":  # the per-tensor scale needs the whole tensor
                     raw = f.raw(t)
                     values, _ = tensor_value(raw, t, "numpy", None)

@@ -578,7 +578,10 @@ def test_error_shapes(np_xp):
 
 def test_error_path_and_propagation_names(np_xp):
     wq = aq.quantize(np.ones((2, 2), dtype=F32), INT8)
-    with pytest.raises(SchemeError, match=r"path must be one of 'auto', 'reference', 'int8', 'ternary', got 'fast'"):
+    with pytest.raises(
+        SchemeError,
+        match=r"path must be one of 'auto', 'reference', 'int8', 'ternary', 'fused', 'fused_int8', got 'fast'",
+    ):
         linalg.matmul(wq, wq, path="fast")
     with pytest.raises(SchemeError, match=r"propagation must be 'inhibit'.*got 'keep'"):
         linalg.matmul(wq, wq, propagation="keep")

@@ -17,7 +17,7 @@ from .backends import namespace, shim
 from .scheme import QuantScheme
 from .storage import quantized_nbytes, unpack
 
-__all__ = ["QuantizedTensor", "dtype_name"]
+__all__ = ["QuantizedTensor", "dtype_name", "stored_transpose"]
 
 
 def _ops() -> ModuleType:
@@ -105,12 +105,21 @@ class QuantizedTensor:
 
     @property
     def T(self) -> QuantizedTensor:
-        """The axes reversed (as NumPy's ``.T``), codes and scales moved, never requantized."""
+        """The axes reversed (as NumPy's ``.T``), codes and scales moved, never requantized.
+
+        For a 2-d tensor this is free: a view that keeps the stored tensor as it is, so
+        ``x @ w.T`` multiplies with ``w``'s stored layout; its own codes and scales are built the
+        first time something other than a matrix product reads them.
+        """
+        if self.ndim == 2:
+            return _Transposed.of(self)
         return _ops().permute_dims(self, tuple(range(self.ndim))[::-1])
 
     @property
     def mT(self) -> QuantizedTensor:
-        """The last two axes swapped (``matrix_transpose``)."""
+        """The last two axes swapped (``matrix_transpose``); free for a 2-d tensor, as :attr:`T`."""
+        if self.ndim == 2:
+            return _Transposed.of(self)
         return _ops().matrix_transpose(self)
 
     def reshape(self, *shape: Any) -> QuantizedTensor:
@@ -174,3 +183,65 @@ class QuantizedTensor:
             f"QuantizedTensor(scheme={str(self.scheme)!r}, shape={self.shape}, "
             f"dtype={dtype_name(self.dtype)}, backend={shim.backend_name(self.values)}, device={self.device!r})"
         )
+
+
+class _Transposed(QuantizedTensor):
+    """``w.T`` of a 2-d tensor ``w``: a layout flag, not a copy.
+
+    It holds ``w`` as stored; the matrix product reads ``w`` directly (:func:`stored_transpose`).
+    Anything else that reads the stored parts (``values``, ``scales``, ...) gets those of the real
+    transpose, built once on first use. Copies (``dataclasses.replace``, pickling) are ordinary tensors.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> QuantizedTensor:  # type: ignore[misc]
+        # why: dataclasses.replace(view, ...) calls the class with every field; give a plain tensor
+        return QuantizedTensor(*args, **kwargs)
+
+    @classmethod
+    def of(cls, source: QuantizedTensor) -> QuantizedTensor:
+        if isinstance(source, _Transposed):
+            return source.__dict__["_source"]
+        view = object.__new__(cls)
+        fields = view.__dict__
+        # the transpose's scheme (block dims and packed axis swapped), planned without moving any data
+        fields["scheme"] = _ops().manipulation._plan_matrix_transpose(source).scheme
+        fields["dtype"] = source.dtype
+        fields["shape"] = (source.shape[1], source.shape[0])
+        fields["_source"] = source
+        return view
+
+    def _built(self) -> QuantizedTensor:
+        fields = self.__dict__
+        if "_materialized" not in fields:
+            fields["_materialized"] = _ops().matrix_transpose(fields["_source"])
+        built: QuantizedTensor = fields["_materialized"]
+        return built
+
+    values = property(lambda self: self._built().values)
+    scales = property(lambda self: self._built().scales)
+    global_scale = property(lambda self: self._built().global_scale)
+    table = property(lambda self: self._built().table)
+    zero_point = property(lambda self: self._built().zero_point)
+    offset = property(lambda self: self._built().offset)
+
+    @property
+    def device(self) -> Any:
+        return self.__dict__["_source"].device
+
+    def __reduce__(self) -> Any:
+        return (QuantizedTensor, tuple(getattr(self, f) for f in _FIELDS))
+
+    def __repr__(self) -> str:
+        source = self.__dict__["_source"]
+        return (
+            f"QuantizedTensor(scheme={str(self.scheme)!r}, shape={self.shape}, dtype={dtype_name(self.dtype)}, "
+            f"backend={shim.backend_name(source.values)}, device={self.device!r})"
+        )
+
+
+_FIELDS = ("scheme", "shape", "dtype", "values", "scales", "global_scale", "table", "zero_point", "offset")
+
+
+def stored_transpose(qt: Any) -> QuantizedTensor | None:
+    """The stored tensor ``w`` when ``qt`` is the free transpose ``w.T`` of a 2-d tensor, else None."""
+    return qt.__dict__["_source"] if isinstance(qt, _Transposed) else None

@@ -18,10 +18,21 @@ broadcast). Three ways to compute it:
   ``k`` order from +0.0, then is multiplied once by the scale ``gamma``. Like Burn's, it returns floats even
   under ``propagation="propagate"``.
 
-``path="auto"`` takes ternary where it applies, else int8, else the reference; :func:`matmul_path`
-says which. Under ``propagation="propagate"`` the float result (reference and int8) is quantized
-again with the scheme of ``b`` when ``b`` is quantized, else ``a``'s, with fresh MinMax scales (Burn's
-rule: the last quantized operand's scheme).
+* ``"fused"`` — a float32 NumPy array times a 2-d weight ``w`` ``(N, K)`` in its stored layout,
+  written ``x @ w.T`` (``w.T`` is free: a view of ``w``) or ``w @ x``: Numba kernels read ``w``'s codes
+  and scales once, never building the float weight (:mod:`arrayquant.fused.numba_matmul`). Products
+  and sums in f32; the result differs from the reference by f32 rounding only (the sums' order).
+  8-bit and 4-bit integer codes (symmetric, zero point or offset), E2M1 (NVFP4, MXFP4), E4M3 and E5M2
+  (MXFP8), per tensor, per row or per block of a multiple of 16 along K.
+* ``"fused_int8"`` — the same kernels with the activations quantized on the fly: int8 per run of K
+  sharing one weight scale (at most 256), absmax scale, integer sums (as llama.cpp and onnxruntime's
+  accuracy level 4). Faster where integer multiplies are; its error is the activations' rounding.
+
+``path="auto"`` takes ternary where it applies, else int8, else fused for up to 32 rows of
+activations, else the reference; :func:`matmul_path` says which. Under ``propagation="propagate"``
+the float result (every path but ternary) is quantized again with the scheme of ``b`` when ``b``
+is quantized, else ``a``'s, with fresh MinMax scales (Burn's rule: the last quantized operand's
+scheme).
 """
 
 from __future__ import annotations
@@ -30,17 +41,20 @@ from typing import Any
 
 import array_api_compat as compat
 
+from ..backends import shim
 from ..backends.shim import quiet
 from ..dequantize import dequantize
 from ..errors import DTypeError, ParamsError, SchemeError, ShapeError
 from ..invariants import is_real_float, plan_for
 from ..scheme import QuantMode, QuantValue
-from ..tensor import QuantizedTensor
+from ..tensor import QuantizedTensor, stored_transpose
 from ._common import allocating, check_elements, check_propagation, requantize, same_place
 
 __all__ = ["PATHS", "matmul", "matmul_path"]
 
-PATHS = ("auto", "reference", "int8", "ternary")
+PATHS = ("auto", "reference", "int8", "ternary", "fused", "fused_int8")
+# auto takes the fused kernels up to this many rows of activations; past it BLAS on the float weight wins
+FUSED_ROWS = 32
 
 # an f32 holds every integer up to 2^24 exactly, an int32 every integer below 2^31
 _F32_EXACT = 1 << 24
@@ -60,7 +74,7 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
         ``"inhibit"`` (Burn's default) returns the float result; ``"propagate"`` quantizes it with
         ``b``'s scheme when ``b`` is quantized, else ``a``'s (MinMax scales). The ternary path always
         returns floats, as Burn's does.
-    path : {"auto", "reference", "int8", "ternary"}
+    path : {"auto", "reference", "int8", "ternary", "fused", "fused_int8"}
         How to compute it (see the module docstring); ``"auto"`` picks :func:`~arrayquant.ops.matmul_path`'s answer.
 
     Returns
@@ -105,23 +119,27 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
         raise SchemeError(msg)
     shape = _check_operands(a, b)
     chosen = _choose(a, b, path)
-    xp = compat.array_namespace(*(v.values if isinstance(v, QuantizedTensor) else v for v in (a, b)))
+    xp = compat.array_namespace(*(_stored(v).values if isinstance(v, QuantizedTensor) else v for v in (a, b)))
 
     def run() -> Any:
         # why quiet: inf or huge activations make inf/nan sums, as Burn's do, without NumPy's warnings
         with quiet(xp):
             if chosen == "ternary":
                 return _ternary(a, b)
+            if chosen in ("fused", "fused_int8"):
+                return _fused(a, b, "int8" if chosen == "fused_int8" else "f32")
             return _int8(a, b) if chosen == "int8" else _reference(a, b)
 
     out = allocating(run, f"the result of matmul {list(shape)}")
+    if out is None:  # the fused kernel declined (scales whose products could pass the f32 maximum)
+        out = allocating(lambda: _reference(a, b), f"the result of matmul {list(shape)}")
     if prop == "propagate" and chosen != "ternary":
         return requantize(out, b if isinstance(b, QuantizedTensor) else a)
     return out
 
 
 def matmul_path(a: Any, b: Any) -> str:
-    """The path :func:`~arrayquant.matmul` ``(a, b)`` takes under ``path="auto"``: ternary, else int8, else reference.
+    """The path :func:`~arrayquant.matmul` ``(a, b)`` takes under ``path="auto"``: ternary, int8, fused or reference.
 
     Parameters
     ----------
@@ -131,7 +149,7 @@ def matmul_path(a: Any, b: Any) -> str:
     Returns
     -------
     str
-        ``"ternary"``, ``"int8"`` or ``"reference"``.
+        ``"ternary"``, ``"int8"``, ``"fused"`` or ``"reference"``.
 
     Raises
     ------
@@ -158,6 +176,11 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(v.shape)
 
 
+def _stored(v: Any) -> Any:
+    """``w`` for the free transpose ``w.T`` (where its place is read without building the transpose), else ``v``."""
+    return stored_transpose(v) or v
+
+
 def _check_operands(a: Any, b: Any) -> tuple[int, ...]:
     """Types, dtypes, namespace and device, then shapes: everything before any arithmetic; the result's shape."""
     for name, v in (("a", a), ("b", b)):
@@ -173,7 +196,7 @@ def _check_operands(a: Any, b: Any) -> tuple[int, ...]:
         if not is_real_float(xp, v.dtype):
             msg = f"{name} has dtype {v.dtype}; matmul with a quantized tensor needs a real floating array"
             raise DTypeError(msg)
-    same_place(a=a, b=b)
+    same_place(a=_stored(a), b=_stored(b))
     sa, sb = _shape(a), _shape(b)
     if not sa or not sb:
         msg = f"matmul needs operands of at least one dimension, got shapes {sa} and {sb}"
@@ -204,15 +227,20 @@ def _choose(a: Any, b: Any, path: str) -> str:
     """The path to take; a forced path that does not apply is a SchemeError saying why."""
     if path == "reference":
         return path
-    why_ternary = _ternary_reason(a, b)
-    why_int8 = _int8_reason(a, b)
+    reasons = {
+        "ternary": _ternary_reason(a, b),
+        "int8": _int8_reason(a, b),
+        "fused": _fused_reason(a, b, "f32"),
+        "fused_int8": _fused_reason(a, b, "int8"),
+    }
+    operands = _fused_operands(a, b)
+    few = operands is not None and operands[3] <= FUSED_ROWS
+    auto = next((p for p in ("ternary", "int8", "fused") if not reasons[p] and (p != "fused" or few)), "reference")
     if path == "auto":
-        return "ternary" if not why_ternary else "int8" if not why_int8 else "reference"
-    why = why_ternary if path == "ternary" else why_int8
-    if not why:
+        return auto
+    if not reasons[path]:
         return path
-    applies = "ternary" if not why_ternary else "int8" if not why_int8 else "reference"
-    msg = f"path={path!r} does not apply: {why}; path={applies!r} does (or path='auto')"
+    msg = f"path={path!r} does not apply: {reasons[path]}; path={auto!r} does (or path='auto')"
     raise SchemeError(msg)
 
 
@@ -270,6 +298,70 @@ def _ternary_reason(a: Any, b: Any) -> str:
     if compat.array_namespace(a).float32 != a.dtype:
         return f"it adds float32 activations, and a has dtype {a.dtype}"
     return ""
+
+
+# -- the fused paths ------------------------------------------------------------------------------
+
+
+def _fused_operands(a: Any, b: Any) -> tuple[Any, QuantizedTensor, bool, int] | None:
+    """``(x, w, flip, rows)`` when the product is ``x @ w.T`` with ``w`` ``(N, K)`` as stored, else None.
+
+    ``a @ w.T`` (``b`` the free transpose of a 2-d ``w``): ``x`` is ``a``. ``w @ b`` (``a`` a 2-d
+    tensor as stored, ``b`` a float vector or matrix): ``x`` is ``b`` transposed and ``flip`` says the
+    product comes back transposed. ``rows`` counts the activations' rows.
+    """
+    w = stored_transpose(b) if isinstance(b, QuantizedTensor) else None
+    if w is not None and not isinstance(a, QuantizedTensor):
+        rows = 1
+        for n in a.shape[:-1]:
+            rows *= int(n)
+        return a, w, False, rows
+    if (
+        isinstance(a, QuantizedTensor)
+        and stored_transpose(a) is None
+        and len(a.shape) == 2
+        and not isinstance(b, QuantizedTensor)
+        and b.ndim <= 2
+    ):
+        return b, a, True, 1 if b.ndim == 1 else int(b.shape[1])
+    return None
+
+
+def _fused_reason(a: Any, b: Any, sums: str) -> str:
+    """Why the fused kernels do not apply (summing ``sums``), or ``""`` when they do."""
+    operands = _fused_operands(a, b)
+    if operands is None:
+        return "it needs a float array times a 2-d weight w in its stored layout, written x @ w.T or w @ x"
+    x, w, _, _ = operands
+    from .. import fused
+
+    if not fused.available():
+        return f"the fused CPU kernels are off ({fused.why_not()})"
+    if shim.backend_name(w.values) != "numpy" or shim.backend_name(x) != "numpy":
+        return "the fused kernels run on NumPy arrays"
+    if compat.array_namespace(x).float32 != x.dtype:
+        return f"it multiplies float32 activations, and the float operand has dtype {x.dtype}"
+    from ..fused import numba_matmul
+
+    return numba_matmul.supports(plan_for(w.scheme), tuple(w.shape), sums)
+
+
+def _fused(a: Any, b: Any, sums: str) -> Any:
+    """``x @ w.T`` by the fused kernel, shaped as ``matmul(a, b)``; None where the kernel declines."""
+    from ..fused import numba_matmul
+
+    operands = _fused_operands(a, b)
+    assert operands is not None  # _choose checked
+    x, w, flip, _ = operands
+    xp = compat.array_namespace(x)
+    k = int(w.shape[1])
+    x2 = xp.reshape(x, (1, k)) if x.ndim == 1 else (xp.permute_dims(x, (1, 0)) if flip else xp.reshape(x, (-1, k)))
+    y = numba_matmul.matmul_t(x2, w, plan_for(w.scheme), sums)
+    if y is None:
+        return None
+    if flip:
+        return y[0] if x.ndim == 1 else xp.permute_dims(y, (1, 0))
+    return xp.reshape(y, (*x.shape[:-1], int(w.shape[0])))
 
 
 # -- the reference path ---------------------------------------------------------------------------

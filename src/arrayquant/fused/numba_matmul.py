@@ -1,0 +1,423 @@
+"""Quantized matrix products fused in one Numba pass: ``y = x @ W.T`` reading W's packed codes once.
+
+``W`` is a 2-d ``(N, K)`` weight stored as a linear layer keeps it (blocks and packing along K),
+``x`` a float32 ``(M, K)`` batch of activations. The float weight is never built: each row of W is
+read once, sixteen codes at a time, and every row of ``x`` is multiplied against them while they
+sit in registers. Two ways to sum:
+
+* ``"f32"`` (the default): each weight is its dequantized value (level times the block's effective
+  scale, the zero point taken off or the offset added), multiplied by the activation in f32 and
+  summed in sixteen f32 lanes, the lanes added pairwise at the end of the row (FMA where the CPU
+  has it). The result differs from a float64 product by the usual f32 dot-product bound,
+  ``|error| <= ~(K/16 + 4) * 2^-24 * sum |w x|``; a BLAS product of the dequantized weight has the
+  same kind of bound.
+* ``"int8"``: the activations are first quantized per segment (``S`` = the weight's block, at most
+  256, of one row of ``x``) to int8 with a symmetric absmax scale ``max|x| / 127`` (round half to
+  even), the integer codes are multiplied and summed exactly in int32, and each segment's sum is
+  scaled once: ``f32(sum) * (eff * sx)`` (with the zero point in the integer codes, or the offset
+  times the segment's f32 sum of ``x``). This is llama.cpp's and onnxruntime's accuracy-level-4
+  scheme; its error is the activations' rounding, about ``sx / 2`` per element.
+
+Rows of W run in parallel (``prange``), sixteen per task; each output is computed by one thread in
+one order, so results do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..invariants import Plan
+from ..scheme import QuantMode, QuantValue
+from .coverage import layout_reason
+from .numba_dequantize import as_bytes
+from .numba_launch import launch, numba, parallel_and_serial
+
+__all__ = ["SUMS", "matmul_t", "supports"]
+
+SUMS = ("f32", "int8")
+_F32_MAX = float(np.finfo(np.float32).max)
+_ROWS = 16  # rows of W per parallel task
+_SEGMENT = 256  # the longest run of K that shares one activation scale on the int8 path
+
+# How a panel field becomes its level (before the scale): bytes (one field each) or nibbles (two per
+# byte). Unsigned kinds are the affine modes' codes. E2M1 panels hold twice each value as an int8 (a
+# byte per weight, twice the bytes of the stored nibbles: its decoder was 3x slower than a conversion).
+_I8, _U8, _E4M3, _E5M2, _E2M1, _I4, _U4 = range(7)
+_NIBBLES = _I4
+# what the level is scaled by: symmetric ``level * s``, zero point ``(level - z) * s``, offset ``level * d + m``
+_SYM, _ZERO, _OFFSET = range(3)
+
+if numba is not None:
+    _inline = numba.njit(cache=True, nogil=True, inline="always")
+
+    # The decoders work on uint8 fields and f32 only (no wider integers): Numba computes integer
+    # arithmetic in int64, and an int64-to-f32 conversion has no vector instruction on x86.
+
+    @_inline
+    def _fp8(f, ebits, mbits):
+        """An E4M3 or E5M2 byte as its f32 value (as ``minifloat.decode``): a normal's fields moved into
+        f32's, a subnormal as its field times its unit, NaN (and E5M2's infinity) as the table has them."""
+        bias = (1 << (ebits - 1)) - 1
+        mag = np.uint8(f & np.uint8(0x7F))
+        normal = np.uint32(np.uint32(np.uint32(mag) << np.uint32(23 - mbits)) + np.uint32((127 - bias) << 23))
+        v = normal.view(np.float32)
+        if mag < np.uint8(1 << mbits):
+            v = np.float32(mag) * np.float32(2.0 ** (1 - bias - mbits))
+        if ebits == 4:
+            if mag == np.uint8(0x7F):
+                v = np.float32(np.nan)
+        elif mag >= np.uint8(0x7C):
+            v = np.float32(np.inf) if mag == np.uint8(0x7C) else np.float32(np.nan)
+        return -v if np.uint8(f & np.uint8(0x80)) != 0 else v
+
+    @_inline
+    def _level(f, mode):
+        """The f32 level of the uint8 field ``f`` (a nibble already cut to its four bits)."""
+        if mode in (_I8, _E2M1):
+            return np.float32(np.int8(f))
+        if mode in (_U8, _U4):
+            return np.float32(f)
+        if mode == _I4:
+            return np.float32(np.uint8(f ^ np.uint8(8))) - np.float32(8)
+        if mode == _E4M3:
+            return _fp8(f, 4, 3)
+        return _fp8(f, 5, 2)
+
+    @_inline
+    def _ilevel(f, mode):
+        """The integer level of field ``f``: the code, or twice an E2M1 value (0, 1, 2, 3, 4, 6, 8, 12 signed)."""
+        return np.int32(_level(f, mode))
+
+    @_inline
+    def _levels(a, lev, mode, h):
+        """The levels of one panel row's ``h`` bytes ``a`` into ``lev``: a byte each, or two nibbles (the
+        low ones for the first ``h`` rows, the high ones for the next ``h``). ``h`` must be a compile-time
+        constant: with a run-time one the loop does not vectorise (5x slower)."""
+        if mode < _NIBBLES:
+            for j in range(h):
+                lev[j] = _level(a[j], mode)
+        else:
+            for j in range(h):
+                v = a[j]
+                lev[j] = _level(np.uint8(v & 15), mode)
+                lev[h + j] = _level(np.uint8(v >> 4), mode)
+
+    @_inline
+    def _ilevels(a, lev, mode, h):
+        """As :func:`_levels`, integer levels (E2M1 doubled)."""
+        if mode < _NIBBLES:
+            for j in range(h):
+                lev[j] = _ilevel(a[j], mode)
+        else:
+            for j in range(h):
+                v = a[j]
+                lev[j] = _ilevel(np.uint8(v & 15), mode)
+                lev[h + j] = _ilevel(np.uint8(v >> 4), mode)
+
+    def _compile(mode: int, affine: int, integer: bool, width: int) -> tuple[Any, Any]:
+        """The (parallel, serial) kernel for one decoder, affine kind, sum and chunk width; all are closure
+        constants (constant trip counts let LLVM vectorise the loops without alias checks: 3x faster),
+        so each is its own compilation (and cache entry), made on first use.
+
+        The weight comes as a panel: ``panel[k]`` holds the codes of column ``k`` of W for every row,
+        chunk by chunk (see :func:`_panel`). A task owns one chunk of ``width`` rows and walks K in runs
+        of ``run`` (one scale per run): per run its ``width`` partial sums start at zero, each ``k`` adds
+        ``level * x[m, k]`` to them (four ``k`` at a time), and the run's scale (and zero point or
+        offset) folds them into the output. ``x`` is f32 (or int8 codes with per-run scales ``sx``).
+        """
+        wide = 1 if mode < _NIBBLES else 2
+        dtype = np.int32 if integer else np.float32
+        bw = width // wide  # panel bytes per chunk
+        half = np.float32(0.5 if mode == _E2M1 else 1.0)  # doubled E2M1 levels: halving the sums is exact
+
+        def kernel(panel, eff, aux, x, sx, xsum, run, out):
+            m_rows, k = x.shape
+            n_rows = out.shape[1]
+            for c in numba.prange(n_rows // width):
+                r0 = c * width
+                part = np.empty((m_rows, width), dtype)
+                lev = np.empty((4, width), dtype)
+                for q in range(k // run):
+                    part[:] = 0
+                    for k4 in range(q * run, q * run + run, 4):
+                        for u in range(4):
+                            if integer:
+                                _ilevels(panel[k4 + u, c * bw : c * bw + bw], lev[u], mode, bw)
+                            else:
+                                _levels(panel[k4 + u, c * bw : c * bw + bw], lev[u], mode, bw)
+                        l0 = lev[0]
+                        l1 = lev[1]
+                        l2 = lev[2]
+                        l3 = lev[3]
+                        for m in range(m_rows):
+                            x0 = dtype(x[m, k4])
+                            x1 = dtype(x[m, k4 + 1])
+                            x2 = dtype(x[m, k4 + 2])
+                            x3 = dtype(x[m, k4 + 3])
+                            p = part[m]
+                            for j in range(width):
+                                p[j] += l0[j] * x0 + l1[j] * x1 + l2[j] * x2 + l3[j] * x3
+                    s = eff[q, r0 : r0 + width]
+                    z = aux[q, r0 : r0 + width]
+                    for m in range(m_rows):
+                        p = part[m]
+                        o = out[m, r0 : r0 + width]
+                        xs = xsum[m, q]
+                        f = sx[m, q] * half
+                        for j in range(width):
+                            t = np.float32(p[j]) * f
+                            if affine == _SYM:
+                                y = t * s[j]
+                            elif affine == _ZERO:
+                                y = (t - z[j] * xs) * s[j]
+                            else:
+                                y = t * s[j] + z[j] * xs
+                            o[j] = y if q == 0 else o[j] + y
+
+        # the sums' order is fixed by the code (runs, then four k at a time, FMA where the CPU has it),
+        # never by the thread count: each output belongs to one task
+        return parallel_and_serial(kernel, fastmath={"contract", "nsz", "arcp", "reassoc", "nnan", "ninf"})
+
+    _KERNELS: dict[tuple[int, int, bool, int], tuple[Any, Any]] = {}
+
+    def _kernels(mode: int, affine: int, integer: bool, width: int) -> tuple[Any, Any]:
+        key = (mode, affine, integer, width)
+        if key not in _KERNELS:
+            _KERNELS[key] = _compile(*key)
+        return _KERNELS[key]
+
+
+# twice the E2M1 value of each code 0..15: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives
+_TWICE_E2M1 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+def _packed(plan: Plan) -> bool:
+    """Whether two 4-bit fields share each stored byte (else each has its own, as native storage keeps them)."""
+    return plan.bits < 8 and plan.packed_axis(2) is not None
+
+
+def _mode(plan: Plan) -> int:
+    """The panel's decoder."""
+    value = plan.value
+    if value is QuantValue.E4M3:
+        return _E4M3
+    if value is QuantValue.E5M2:
+        return _E5M2
+    if value is QuantValue.E2M1:
+        return _E2M1
+    signed = plan.qmin < 0
+    if plan.bits == 8 or not _packed(plan):
+        return _I8 if signed else _U8
+    return _I4 if signed else _U4
+
+
+def _block(plan: Plan, shape: tuple[int, int]) -> int:
+    dims = plan.block_dims(shape)
+    return dims[-1] if dims else shape[1]
+
+
+def supports(plan: Plan, shape: tuple[int, ...], sums: str = "f32") -> str:
+    """Why :func:`matmul_t` does not cover a weight of ``shape`` under ``plan``; ``""`` when it does.
+
+    Parameters
+    ----------
+    plan : Plan
+        The weight's validated scheme.
+    shape : tuple of int
+        The weight's shape, ``(N, K)``.
+    sums : {"f32", "int8"}
+        How the products are summed (see the module docstring).
+
+    Returns
+    -------
+    str
+        ``""`` when covered, else a short reason.
+    """
+    if numba is None:
+        return "numba is not installed (pip install 'arrayquant[fast]')"
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
+        return "big-endian machines are not fused"
+    if len(shape) != 2:
+        return f"the fused product needs a 2-d weight (N, K), got shape {tuple(shape)}"
+    mode = plan.scheme.mode
+    if mode is QuantMode.LOOKUP or plan.scheme.codebook is not None:
+        return "lookup codebooks are not fused"
+    if plan.value.is_float:
+        if mode is not QuantMode.SYMMETRIC:
+            return f"{mode.value} minifloats are not fused"
+        if sums == "int8" and plan.value is not QuantValue.E2M1:
+            return f"{plan.value.value} levels are not small integers: the int8 sums cover integer codes and E2M1"
+    elif plan.bits not in (4, 8):
+        return f"{plan.bits}-bit codes are not fused (4-bit and 8-bit are)"
+    symmetric = plan.scheme.mode is QuantMode.SYMMETRIC
+    if symmetric:
+        why = layout_reason(plan, tuple(shape))
+        if why:
+            return why
+    else:
+        dims = plan.block_dims(tuple(shape))
+        if dims and dims[0] != 1:
+            return "blocks spanning more than the last axis are not fused"
+        axis = plan.packed_axis(2)
+        if axis is not None and axis != 1:
+            return "packing along an axis other than the last is not fused"
+    n, k = shape
+    b = _block(plan, (n, k))
+    if n % 16 or k % 16 or b % 16 or k % b:
+        return f"N ({n}), K ({k}) and the block along K ({b}) must be multiples of 16, and K of the block"
+    if b > _SEGMENT and b % _SEGMENT:
+        return f"a block of {b} longer than {_SEGMENT} must be a multiple of it"
+    return ""
+
+
+def _grids(qt: Any, plan: Plan, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The effective scales ``(N, G)`` f32 and the zero points or offsets beside them (zeros when symmetric)."""
+    scales = qt.scales
+    if not isinstance(scales, np.ndarray):
+        return None
+    stored = np.asarray(scales, dtype=np.float32).reshape(n, -1) if scales.size != 1 else None
+    if stored is None:
+        stored = np.full((n, 1), np.float32(scales.reshape(-1)[0]), dtype=np.float32)
+    if plan.two_level:
+        g = qt.global_scale
+        if not isinstance(g, np.ndarray):
+            return None
+        with np.errstate(over="ignore"):  # as effective_scale: an inf product saturates
+            stored = np.minimum(np.float32(g.reshape(-1)[0]) * stored, np.float32(_F32_MAX)).astype(np.float32)
+    eff = np.ascontiguousarray(stored, dtype=np.float32)
+    second = qt.zero_point if qt.zero_point is not None else qt.offset
+    if second is None:
+        aux = np.zeros(eff.shape, np.float32)
+    elif not isinstance(second, np.ndarray):
+        return None
+    else:
+        aux = np.asarray(second, dtype=np.float32).reshape(eff.shape)
+    return eff, np.ascontiguousarray(aux)
+
+
+def _may_overflow(plan: Plan, eff: np.ndarray, aux: np.ndarray) -> bool:
+    """Whether some weight can dequantize past the f32 maximum (then the reference path clips; we do not)."""
+    top = float(np.max(np.abs(eff))) if eff.size else 0.0
+    if plan.value.is_float:
+        from ..kernels.minifloat import FORMATS
+
+        span = float(FORMATS[plan.value].max)
+    elif plan.scheme.mode is QuantMode.OFFSET:
+        return top * plan.qmax + float(np.max(np.abs(aux))) > _F32_MAX * (1 - 2.0**-20)
+    elif plan.scheme.mode is QuantMode.ZERO_POINT:
+        span = float(plan.qmax - plan.qmin)
+    else:
+        span = float(max(-plan.qmin, plan.qmax))
+    return not np.isfinite(top) or top * span > _F32_MAX * (1 - 2.0**-20)
+
+
+def _quantize_rows(x: np.ndarray, run: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes of ``x`` per ``run``-long segment of each row and their f32 scales ``max|x| / 127``."""
+    m, k = x.shape
+    xs = x.reshape(m, k // run, run)
+    sx = (np.max(np.abs(xs), axis=2) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), sx, out=np.zeros_like(sx), where=sx > 0)
+    xq = np.clip(np.rint(xs * inv[:, :, None]), -127, 127).astype(np.int8).reshape(m, k)
+    return xq, sx
+
+
+def _width(n: int) -> int:
+    """Rows per task: the widest of 512 .. 16 that divides N (a task's partial sums stay in L1)."""
+    return next(w for w in (512, 256, 128, 64, 32, 16) if n % w == 0)
+
+
+# the panels built so far, one per weight while it lives (the weight is immutable, so they stay right)
+_PANELS: weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray, np.ndarray, int, int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
+    """The weight as the kernel reads it, built once per weight: its codes column by column, the scales per run.
+
+    ``panel[k]`` holds column ``k``'s codes for all N rows, ``width`` rows per chunk: a byte each, or
+    for 4-bit fields byte ``j`` of a chunk holding row ``j``'s code in its low nibble and row
+    ``j + width / 2``'s in its high one. ``eff`` and ``aux`` are ``(K / run, N)``: each run's effective
+    scale and zero point or offset (zeros when symmetric). The same bytes as the stored values,
+    reordered as onnxruntime and llama.cpp repack a weight once before multiplying with it.
+    """
+    if qt in _PANELS:
+        return _PANELS[qt]
+    n, k = (int(v) for v in qt.shape)
+    raw = as_bytes(qt.values, plan, (n, k))
+    grids = _grids(qt, plan, n)
+    if raw is None or grids is None:
+        return None
+    eff, aux = grids
+    if _may_overflow(plan, eff, aux):
+        return None
+    b = _block(plan, (n, k))
+    run = min(b, _SEGMENT)
+    width = _width(n)
+    if plan.value is QuantValue.E2M1:
+        nibbles = np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, k) if _packed(plan) else raw[:, :k] & 15
+        panel = np.ascontiguousarray(_TWICE_E2M1[nibbles].T).view(np.uint8)
+    elif _mode(plan) < _NIBBLES:
+        panel = np.ascontiguousarray(raw[:, :k].T)
+    else:
+        codes = np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, k)
+        chunks = codes.T.reshape(k, n // width, 2, width // 2)
+        panel = np.ascontiguousarray((chunks[:, :, 0, :] | (chunks[:, :, 1, :] << 4)).reshape(k, n // 2))
+    per_run = lambda g: np.ascontiguousarray(np.repeat(g, b // run, axis=1).T)
+    built = (panel, per_run(eff), per_run(np.asarray(aux, np.float32)), run, width)
+    _PANELS[qt] = built
+    return built
+
+
+def matmul_t(x: np.ndarray, qt: Any, plan: Plan, sums: str = "f32") -> np.ndarray | None:
+    """``x @ W.T`` for a float32 ``(M, K)`` ``x`` and a quantized ``(N, K)`` weight ``qt``, or None.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        float32 activations ``(M, K)``.
+    qt : QuantizedTensor
+        The weight ``(N, K)``, NumPy arrays (see :func:`supports`).
+    plan : Plan
+        ``qt``'s validated scheme.
+    sums : {"f32", "int8"}
+        How the products are summed (see the module docstring).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        float32 ``(M, N)``; None where the kernel does not apply (:func:`supports`, arrays not NumPy
+        arrays of the stored layout, or scales whose products could pass the f32 maximum).
+
+    Examples
+    --------
+    >>> import numpy as np, arrayquant as aq
+    >>> from arrayquant.invariants import plan_for
+    >>> w = aq.quantize(np.eye(16, dtype=np.float32), "q8s:block16")
+    >>> x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    >>> matmul_t(x, w, plan_for(w.scheme))[0, :4].tolist()
+    [0.0, 1.0, 2.0, 3.0]
+    """
+    n, k = (int(v) for v in qt.shape)
+    if supports(plan, (n, k), sums) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
+        return None
+    built = _panel(qt, plan)
+    if built is None:
+        return None
+    panel, eff, aux, run, width = built
+    mode = _mode(plan)
+    affine = {QuantMode.ZERO_POINT: _ZERO, QuantMode.OFFSET: _OFFSET}.get(plan.scheme.mode, _SYM)
+    m = x.shape[0]
+    x = np.ascontiguousarray(x)
+    xsum = x.reshape(m, k // run, run).sum(axis=2, dtype=np.float32)
+    if sums == "f32":
+        xs, sx = x, np.ones((m, k // run), np.float32)
+    else:
+        xs, sx = _quantize_rows(x, run)
+    out = np.empty((m, n), np.float32)
+    launch(_kernels(mode, affine, sums == "int8", width), n * k, panel, eff, aux, xs, sx, xsum, run, out)
+    return out

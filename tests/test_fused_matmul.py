@@ -1,0 +1,217 @@
+"""The fused quantized matrix products (``x @ w.T``, ``w @ x``): against float64 products of the dequantized weight.
+
+The oracle for the default path is NumPy's float64 product of ``aq.dequantize(w)`` (itself checked
+bit for bit against independent oracles elsewhere), within the f32 dot-product bound the kernel
+documents. The int8-activation path is checked against a plain NumPy model of its definition: the
+activations rounded per run to int8 with an absmax scale, the integer sums exact, each run scaled once.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import arrayquant as aq
+from arrayquant.errors import SchemeError
+from arrayquant.invariants import plan_for
+from arrayquant.ops import linalg
+
+pytest.importorskip("numba")
+
+F32 = np.float32
+EPS = 2.0**-24
+
+SCHEMES = [
+    "q8s",  # one scale per tensor
+    "q8s:block64",  # per row (the whole K)
+    "q8f:block32:f16",  # Q8_0
+    "q4s:block32",
+    "q4f:block64:f16",
+    "q4s:block32:native",  # one code per byte
+    "u4:block32:f16:offset",  # Q4_1
+    "q4f:block32:zero_point",
+    "u8:block16:zero_point",
+    "q4_k",
+    "nvfp4",  # two-level, blocks of 16
+    "mxfp4",
+    "mxfp8",
+    "e5m2:block32",
+    "e2m1:block32:native",
+]
+
+
+def _weight(scheme: str, n: int = 48, k: int = 64, seed: int = 0) -> aq.QuantizedTensor:
+    rng = np.random.default_rng(seed)
+    return aq.quantize(rng.standard_normal((n, k)).astype(F32) * F32(0.1), scheme)
+
+
+def _bound(x: np.ndarray, wd: np.ndarray) -> np.ndarray:
+    """The f32 dot-product error bound: (K + 4) ulps of the sum of |products|, plus the smallest normal."""
+    k = x.shape[-1]
+    return (k + 4) * EPS * (np.abs(x.astype(np.float64)) @ np.abs(wd).T) + 2.0**-126
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("rows", [1, 5, 32])
+def test_fused_product_is_the_dequantized_product_to_f32_rounding(scheme: str, rows: int) -> None:
+    w = _weight(scheme)
+    x = np.random.default_rng(rows).standard_normal((rows, w.shape[1])).astype(F32)
+    assert linalg.matmul_path(x, w.T) == "fused"
+    wd = aq.dequantize(w).astype(np.float64)
+    got = x @ w.T
+    assert got.dtype == F32
+    assert got.shape == (rows, w.shape[0])
+    err = np.abs(got.astype(np.float64) - x.astype(np.float64) @ wd.T)
+    assert np.all(err <= _bound(x, wd))
+
+
+def _int8_model(x: np.ndarray, w: aq.QuantizedTensor, run: int) -> np.ndarray:
+    """The int8-activation path by its definition, in float64: per run of K, x rounded to int8 at
+    ``max|x| / 127`` (f32 scale) multiplies the codes times their scale; a zero point or offset
+    multiplies the run's exact sum of x."""
+    m, k = x.shape
+    xs = x.reshape(m, k // run, run)
+    sx = (np.max(np.abs(xs), axis=2) / F32(127)).astype(F32)
+    inv = np.divide(F32(1), sx, out=np.zeros_like(sx), where=sx > 0)
+    xq = np.clip(np.rint(xs * inv[:, :, None]), -127, 127)
+    xd = (xq * sx[:, :, None].astype(np.float64)).reshape(m, k)
+    if w.zero_point is None and w.offset is None:
+        return xd @ aq.dequantize(w).astype(np.float64).T
+    expand = lambda g: np.repeat(np.asarray(g, np.float64), k // g.shape[1], axis=1)
+    q = np.asarray(w.codes(), np.float64)
+    s = expand(w.scales)
+    if w.zero_point is not None:
+        return xd @ (q * s).T - x.astype(np.float64) @ (expand(w.zero_point) * s).T
+    return xd @ (q * s).T + x.astype(np.float64) @ expand(w.offset).T
+
+
+@pytest.mark.parametrize(
+    ("scheme", "run"),
+    [
+        ("q8s:block64", 64),
+        ("q4s:block32", 32),
+        ("q4f:block32:zero_point", 32),
+        ("u4:block32:f16:offset", 32),
+        ("nvfp4", 16),
+        ("mxfp4", 32),
+    ],
+)
+def test_int8_activations_follow_their_definition(scheme: str, run: int) -> None:
+    w = _weight(scheme)
+    x = np.random.default_rng(3).standard_normal((4, w.shape[1])).astype(F32)
+    got = aq.matmul(x, w.T, path="fused_int8").astype(np.float64)
+    want = _int8_model(x, w, run)
+    # the integer sums are exact; what is left is f32 rounding of a few scale products per run
+    scale = np.abs(x.astype(np.float64)) @ np.abs(aq.dequantize(w).astype(np.float64)).T
+    assert np.all(np.abs(got - want) <= 64 * EPS * scale + 1e-30)
+    # and it is an approximation: the activations' rounding shows
+    assert not np.array_equal(got, (x.astype(np.float64) @ aq.dequantize(w).astype(np.float64).T))
+
+
+def test_int8_path_refuses_e4m3_levels() -> None:
+    w = _weight("mxfp8")
+    with pytest.raises(SchemeError, match=r"path='fused_int8' does not apply: e4m3 levels are not small integers"):
+        aq.matmul(np.ones((1, 64), F32), w.T, path="fused_int8")
+
+
+def test_every_spelling_reaches_the_same_kernel() -> None:
+    w = _weight("q4s:block32", n=32, k=64)
+    x = np.random.default_rng(1).standard_normal((3, 64)).astype(F32)
+    y = x @ w.T
+    assert np.array_equal(aq.matmul(x, w.T, path="fused"), y)
+    assert linalg.matmul_path(w, x.T) == "fused"
+    assert np.array_equal((w @ x.T).T, y)
+    assert np.array_equal(w @ x[1], y[1])
+    assert np.array_equal(x[1] @ w.T, y[1])
+    batched = np.stack([x, x[::-1]])
+    assert np.array_equal((batched @ w.T)[1], y[::-1])
+
+
+def test_the_transpose_is_a_view_never_built_by_the_product() -> None:
+    w = _weight("q4s:block32")
+    t = w.T
+    assert t.T is w
+    assert t.mT is w
+    assert t.shape == (64, 48)
+    _ = np.ones((2, 64), F32) @ t
+    assert "_materialized" not in t.__dict__  # the product read w as stored
+    # read as a tensor, it is the real transpose
+    assert np.array_equal(aq.dequantize(t), aq.dequantize(w).T)
+    assert str(t.scheme) == str(aq.ops.matrix_transpose(w).scheme)
+    assert "shape=(64, 48)" in repr(t)
+    copy = pickle.loads(pickle.dumps(t))
+    assert type(copy) is aq.QuantizedTensor
+    assert np.array_equal(aq.dequantize(copy), aq.dequantize(w).T)
+
+
+def test_results_do_not_depend_on_the_thread_count() -> None:
+    w = _weight("mxfp4", n=64, k=128)
+    x = np.random.default_rng(2).standard_normal((7, 128)).astype(F32)
+    with aq.fused_kernels(threads=1):
+        one = x @ w.T
+    with aq.fused_kernels(threads=2):
+        two = x @ w.T
+    assert np.array_equal(one, two)
+
+
+def test_auto_takes_the_reference_past_the_batch_limit_and_where_the_kernel_cannot_go() -> None:
+    w = _weight("q4s:block32")
+    assert linalg.matmul_path(np.ones((linalg.FUSED_ROWS + 1, 64), F32), w.T) == "reference"
+    assert linalg.matmul_path(np.ones((2, 64), np.float64), w.T) == "reference"
+    odd = _weight("q4s:block32", n=40)
+    assert linalg.matmul_path(np.ones((2, 64), F32), odd.T) == "reference"
+    # forced, the reason is given
+    with pytest.raises(SchemeError, match=r"path='fused' does not apply: N \(40\), K \(64\) and the block along K"):
+        aq.matmul(np.ones((2, 64), F32), odd.T, path="fused")
+    with pytest.raises(SchemeError, match=r"path='fused' does not apply: it multiplies float32 activations"):
+        aq.matmul(np.ones((2, 64)), w.T, path="fused")
+    with pytest.raises(SchemeError, match=r"path='fused' does not apply: it needs a float array times a 2-d weight"):
+        aq.matmul(np.ones((2, 48), F32), w, path="fused")
+    with pytest.raises(SchemeError, match=r"path='fused' does not apply: lookup codebooks are not fused"):
+        aq.matmul(np.ones((2, 64), F32), _weight("nf4").T, path="fused")
+    with pytest.raises(SchemeError, match=r"path='fused' does not apply: 2-bit codes are not fused"):
+        aq.matmul(np.ones((2, 64), F32), _weight("q2s:block32").T, path="fused")
+    with aq.fused_kernels(False), pytest.raises(SchemeError, match=r"the fused CPU kernels are off \(turned off by"):
+        aq.matmul(np.ones((2, 64), F32), w.T, path="fused")
+
+
+def test_scales_near_the_f32_maximum_fall_back_to_the_clipping_reference() -> None:
+    x = np.full((16, 32), np.finfo(F32).max, F32)
+    x[:, 1] = -x[:, 1]
+    w = aq.quantize(x, "q8s:block32")
+    ones = np.ones((1, 32), F32) * F32(1e-30)
+    from arrayquant.fused import numba_matmul
+
+    assert numba_matmul.matmul_t(ones, w, plan_for(w.scheme)) is None  # 127 x the scale passes the f32 maximum
+    got = aq.matmul(ones, w.T, path="fused")
+    assert np.array_equal(got, aq.matmul(ones, w.T, path="reference"))
+    assert np.all(np.isfinite(got))
+
+
+def test_nan_codes_and_activations_propagate_as_in_the_reference() -> None:
+    w = _weight("mxfp8", n=16, k=32)
+    values = np.array(w.values)
+    values[3, 5] = 0x7F  # E4M3 NaN
+    bad = aq.QuantizedTensor(w.scheme, w.shape, w.dtype, values, w.scales)
+    y = np.ones((1, 32), F32) @ bad.T
+    assert np.isnan(y[0, 3])
+    assert np.all(np.isfinite(np.delete(y[0], 3)))
+    x = np.ones((2, 32), F32)
+    x[1, 0] = np.nan
+    y = x @ w.T
+    assert np.all(np.isnan(y[1]))
+    assert np.all(np.isfinite(y[0]))
+
+
+def test_the_kernel_declines_what_it_does_not_cover() -> None:
+    from arrayquant.fused import numba_matmul
+
+    w = _weight("q4s:block32")
+    plan = plan_for(w.scheme)
+    assert numba_matmul.matmul_t(np.ones((1, 64), np.float64), w, plan) is None
+    assert numba_matmul.matmul_t(np.ones((1, 32), F32), w, plan) is None
+    assert (
+        numba_matmul.supports(plan, (48, 64, 1)) == "the fused product needs a 2-d weight (N, K), got shape (48, 64, 1)"
+    )

@@ -3,7 +3,7 @@
 ``ARRAYQUANT_TEST_BACKENDS=numpy,dask`` selects a subset. Missing libraries skip; CuPy runs only
 where a GPU is usable.
 
-``ARRAYQUANT_REQUIRE=torch,jax,hf,gguf,burn,numba`` (any of these groups, comma-separated; ci/test.sh
+``ARRAYQUANT_REQUIRE=torch,jax,hf,gguf,burn,numba,onnx`` (any of these groups, comma-separated; ci/test.sh
 sets them all) turns the skip of a ``pytest.importorskip`` of a group's module into a failure, so
 the interop tests cannot vanish with the run still green when an install quietly failed.
 """
@@ -125,6 +125,7 @@ REQUIRE_GROUPS: dict[str, tuple[str, ...]] = {
     "gguf": ("gguf",),
     "burn": ("cbor2",),
     "numba": ("numba",),
+    "onnx": ("onnx", "onnxruntime", "onnx_ir"),
 }
 
 _ORIGINAL_IMPORTORSKIP = pytest.StashKey[Callable[..., Any]]()

@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 
 # the optional libraries whose tests must run: conftest.py turns a skip for one of their modules
 # missing into a failure, so interop tests cannot vanish with CI green (groups: torch, jax, hf,
-# gguf, burn, numba; ARRAYQUANT_REQUIRE=torch,jax before this script narrows it, empty drops it)
-export ARRAYQUANT_REQUIRE=${ARRAYQUANT_REQUIRE-torch,jax,hf,gguf,burn,numba}
+# gguf, burn, numba, onnx; ARRAYQUANT_REQUIRE=torch,jax before this script narrows it, empty drops it)
+export ARRAYQUANT_REQUIRE=${ARRAYQUANT_REQUIRE-torch,jax,hf,gguf,burn,numba,onnx}
 required() { case ",${ARRAYQUANT_REQUIRE// /}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 # an optional install that failed: the end of CI if its group is required, else a note
 optional_failed() {

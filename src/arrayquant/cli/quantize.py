@@ -60,6 +60,13 @@ def run(a: argparse.Namespace) -> int:
         raise CommandError(msg)
     if fmt == "gguf" and kind not in ("gguf", "folder"):
         raise CommandError(GGUF_SOURCE)
+    if (kind == "onnx") != (fmt in ("onnx", "matmulnbits")):
+        msg = (
+            f"IN {shown(a.input)} is an ONNX model: quantize writes ONNX from it (--format onnx or matmulnbits)"
+            if kind == "onnx"
+            else f"--format {fmt} writes ONNX models, from an ONNX model IN (a .onnx file)"
+        )
+        raise CommandError(msg)
     check_out_name(a, kind, fmt)
     arrayquant_only = a.min_size or a.backend or a.device or a.nonfinite != "error"
     gguf_options = a.pure or a.output_tensor_type or a.token_embedding_type or a.tensor_type
@@ -81,6 +88,11 @@ def run(a: argparse.Namespace) -> int:
         if given:
             msg = f"{flag} applies to --format compressed-tensors only (model folders)"
             raise CommandError(msg)
+    if kind == "onnx":
+        if arrayquant_only:
+            msg = "--min-size, --backend, --device and --nonfinite do not apply to ONNX models"
+            raise CommandError(msg)
+        return _onnx(a, fmt)
     if kind in ("gguf", "burnpack"):
         if arrayquant_only:
             msg = f"--min-size, --backend, --device and --nonfinite do not apply to {kind} files"
@@ -414,6 +426,29 @@ def _format_file(a: argparse.Namespace, kind: str) -> int:
             file=sys.stderr,
         )
     print(f"wrote {shown(dst)} ({Path(dst).stat().st_size / MiB:.1f} MiB, {kind})")
+    return 0
+
+
+def _onnx(a: argparse.Namespace, fmt: str) -> int:
+    """``arrayquant quantize model.onnx out.onnx``: the linear layers' weights as QDQ or MatMulNBits."""
+    output_folder(a.output)
+    not_the_input(a.input, a.output)
+    with progress_bar(a.quiet) as step:
+        summary = quantize_file(
+            a.input,
+            a.output,
+            a.scheme,
+            format=fmt,
+            include=a.include,
+            exclude=a.exclude,
+            progress=step,
+            **({} if a.calibration is None else {"calibration": a.calibration}),
+            importance=_importance_for(a.input, a.importance),
+        )
+    print(f"quantized {len(summary.quantized)} weights as {summary.stored_as} ({summary.scheme})")
+    for name, why in sorted(summary.left_out.items()):
+        print(f"  left as it was: {shown(name)} ({why})")
+    print(f"wrote {shown(a.output)} ({Path(a.output).stat().st_size / MiB:.1f} MiB, {fmt})")
     return 0
 
 

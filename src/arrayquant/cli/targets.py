@@ -39,7 +39,7 @@ def suffix(name: str) -> str:
 
 def out_format(kind: str, output: str) -> str:
     """``--format`` by default: the input's own format, or for safetensors the output's suffix."""
-    if kind in ("gguf", "burnpack"):
+    if kind in ("gguf", "burnpack", "onnx"):
         return kind
     return "burnpack" if by_suffix(output) == "burnpack" else "arrayquant"
 
@@ -102,6 +102,8 @@ def _folder_out(a: argparse.Namespace, fmt: str, named: str | None) -> None:
 def check_out_name(a: argparse.Namespace, kind: str, fmt: str) -> None:
     """Refuse an OUT whose suffix names another format than the one quantize would write there."""
     named = by_suffix(a.output)
+    if fmt == "matmulnbits" and named == "onnx":
+        return  # MatMulNBits models are ONNX files
     if kind == "folder" and (fmt != "compressed-tensors" or named is not None):
         _folder_out(a, fmt, named)
     if named is None or named == fmt:

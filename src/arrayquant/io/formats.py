@@ -15,6 +15,8 @@ format                        recognised by
 ``compressed-tensors``        a model folder, or a safetensors file whose metadata, or
                               ``config.json`` beside it, holds a compressed-tensors
                               ``quantization_config``
+``onnx``                      a ``.onnx`` file that starts as an ONNX model does
+                              (``matmulnbits`` is its MatMulNBits output form, never detected)
 ``arrayquant``                any other safetensors file (arrayquant's own layout, or plain)
 ============================  ==========================================================
 
@@ -110,6 +112,9 @@ FORMATS: tuple[Format, ...] = (
     Format("gguf", "GGUF", "arrayquant.io.gguf", ".gguf", "gguf"),
     Format("burnpack", "Burnpack", "arrayquant.io.burn.burnpack", ".bpk", "burn"),
     Format("compressed-tensors", "compressed-tensors", "arrayquant.io.compressed_tensors.format"),
+    Format("onnx", "ONNX", "arrayquant.io.onnx.format", ".onnx", "onnx"),
+    # an output form of ONNX models (MatMulNBits nodes), never detected: format="matmulnbits" only
+    Format("matmulnbits", "ONNX (MatMulNBits)", "arrayquant.io.onnx.matmulnbits", "", "onnx"),
     Format("arrayquant", "safetensors", "arrayquant.io.arrayquant.format", ".safetensors"),
 )
 _BY_NAME = {f.name: f for f in FORMATS}
@@ -123,6 +128,8 @@ _QUANTIZE_ROUTES = {
     ("arrayquant", "compressed-tensors"): "compressed-tensors",
     ("arrayquant", "arrayquant"): "arrayquant",
     ("arrayquant", "burnpack"): "arrayquant",  # the bridge from PyTorch/HF checkpoints to Burn
+    ("onnx", "onnx"): "onnx",
+    ("onnx", "matmulnbits"): "onnx",
 }
 _DEQUANTIZE_ROUTES = {
     ("gguf", "gguf"): "gguf",
@@ -132,6 +139,7 @@ _DEQUANTIZE_ROUTES = {
     ("arrayquant", "burnpack"): "arrayquant",
     ("gguf", "arrayquant"): "arrayquant",  # any tensors, back to floats, as one safetensors file
     ("burnpack", "arrayquant"): "arrayquant",
+    ("onnx", "onnx"): "onnx",
 }
 
 
@@ -139,7 +147,7 @@ def names() -> tuple[str, ...]:
     """The format names, in :func:`detect`'s order.
 
     >>> names()
-    ('gguf', 'burnpack', 'compressed-tensors', 'arrayquant')
+    ('gguf', 'burnpack', 'compressed-tensors', 'onnx', 'matmulnbits', 'arrayquant')
     """
     return tuple(f.name for f in FORMATS)
 

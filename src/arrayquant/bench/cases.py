@@ -167,6 +167,9 @@ def run_cases(b: Bench, peers: tuple[str, ...], log: Callable[[str], None]) -> N
         calibration_cases(b, log)
     if b.matmul:
         matmul_cases(b, log)
+        from .gemv import gemv_cases
+
+        gemv_cases(b, log)
 
     for peer in peers:
         if b.backend not in PEER_BACKENDS[peer]:

@@ -92,6 +92,24 @@ def _fmt(v: float | None, spec: str = ".2f") -> str:
     return "" if v is None else format(v, spec)
 
 
+def gemv_table(results: list[Result]) -> list[str]:
+    """The quantized-product rows (kind ``gemv``) as text lines, with a blank line and a heading; [] without any."""
+    gemv = [r for r in results if r.kind == "gemv"]
+    if not gemv:
+        return []
+    head = [
+        "",
+        "-- quantized x @ W.T, the weight read from memory (cache overwritten before each call); one thread",
+        "   (x NumPy = NumPy f32's time / ours at the same batch; err = max |y - float64 product| / max |y|)",
+        f"{'case':<44} {'median ms':>9} {'best ms':>8} {'x NumPy':>7} {'weight MiB':>10} {'err':>8} {'first s':>7}",
+    ]
+    return head + [
+        f"{r.case:<44} {1e3 * statistics.median(r.times_s):9.2f} {1e3 * min(r.times_s):8.2f} "
+        f"{_fmt(r.vs_numpy):>7} {_fmt(r.weight_mib, '.1f'):>10} {r.check:>8} {r.first_s:7.2f}"
+        for r in gemv
+    ]
+
+
 SECTIONS = (
     ("copy", "bandwidth limit"),
     ("numpy", "the obvious NumPy forms (float presets: NumPy + ml_dtypes casts)"),
@@ -148,6 +166,7 @@ def report(info: dict[str, Any], size: int, repeat: int, results: list[Result], 
             f"{_fmt(r.vs_numpy):>7} {_fmt(r.weight_mib, '.1f'):>10} {r.check:<7}"
             for r in mm
         ]
+    rows += gemv_table(results)
     jit = _jit_gain(results)
     if jit:
         rows += ["", "-- what XLA fusion gives: jax.jit(arrayquant) / arrayquant eager on this backend, medians"]

@@ -1,25 +1,28 @@
-"""Quantized matrix products fused in one Numba pass: ``y = x @ W.T`` reading W's packed codes once.
+"""Quantized matrix products fused in Numba: ``y = x @ W.T`` from W's codes, never its float values.
 
 ``W`` is a 2-d ``(N, K)`` weight stored as a linear layer keeps it (blocks and packing along K),
-``x`` a float32 ``(M, K)`` batch of activations. The float weight is never built: each row of W is
-read once, sixteen codes at a time, and every row of ``x`` is multiplied against them while they
-sit in registers. Two ways to sum:
+``x`` a float32 ``(M, K)`` batch of activations. Once per weight (and kept while the weight lives)
+the codes are laid out column by column, as onnxruntime and llama.cpp repack a weight before use
+(:func:`_panel`); then each task owns a chunk of output rows and walks K in runs that share one
+scale: per run, each column's codes are decoded to their levels and added, times ``x[m, k]``, to
+the chunk's partial sums, which the run's scale (zero point, offset) then folds into the output.
+The levels are read once per call and reused by every row of ``x``. Two ways to sum:
 
-* ``"f32"`` (the default): each weight is its dequantized value (level times the block's effective
-  scale, the zero point taken off or the offset added), multiplied by the activation in f32 and
-  summed in sixteen f32 lanes, the lanes added pairwise at the end of the row (FMA where the CPU
-  has it). The result differs from a float64 product by the usual f32 dot-product bound,
-  ``|error| <= ~(K/16 + 4) * 2^-24 * sum |w x|``; a BLAS product of the dequantized weight has the
-  same kind of bound.
+* ``"f32"`` (the default): levels and activations multiplied and summed in f32 (four columns per
+  step, FMA where the CPU has it), each run's sum scaled in f32. The result differs from a float64
+  product of the dequantized weight by the usual dot-product bound, ``|error| <= ~(K + 4) * 2^-24 *
+  sum |w x|``, as a BLAS product of the dequantized weight does.
 * ``"int8"``: the activations are first quantized per segment (``S`` = the weight's block, at most
   256, of one row of ``x``) to int8 with a symmetric absmax scale ``max|x| / 127`` (round half to
   even), the integer codes are multiplied and summed exactly in int32, and each segment's sum is
-  scaled once: ``f32(sum) * (eff * sx)`` (with the zero point in the integer codes, or the offset
-  times the segment's f32 sum of ``x``). This is llama.cpp's and onnxruntime's accuracy-level-4
-  scheme; its error is the activations' rounding, about ``sx / 2`` per element.
+  scaled once: ``f32(sum) * sx * eff``; a zero point (or an offset) multiplies the segment's exact
+  f32 sum of ``x``. Packed signed 4-bit codes are kept as ``q + 8`` with the zero point raised by
+  8 (their f32 decode is one conversion), so they too take that term. This is llama.cpp's and
+  onnxruntime's accuracy-level-4 scheme; its error is the activations' rounding, about ``sx / 2``
+  per element.
 
-Rows of W run in parallel (``prange``), sixteen per task; each output is computed by one thread in
-one order, so results do not depend on the thread count.
+Chunks of rows run in parallel (``prange``); each output is computed by one thread in one fixed
+order, so results do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ if numba is not None:
         dtype = np.int32 if integer else np.float32
         bw = width // wide  # panel bytes per chunk
         half = np.float32(0.5 if mode == _E2M1 else 1.0)  # doubled E2M1 levels: halving the sums is exact
+        decode = _ilevels if integer else _levels
 
         def kernel(panel, eff, aux, x, sx, xsum, run, out):
             m_rows, k = x.shape
@@ -145,10 +149,7 @@ if numba is not None:
                     part[:] = 0
                     for k4 in range(q * run, q * run + run, 4):
                         for u in range(4):
-                            if integer:
-                                _ilevels(panel[k4 + u, c * bw : c * bw + bw], lev[u], mode, bw)
-                            else:
-                                _levels(panel[k4 + u, c * bw : c * bw + bw], lev[u], mode, bw)
+                            decode(panel[k4 + u, c * bw : c * bw + bw], lev[u], mode, bw)
                         l0 = lev[0]
                         l1 = lev[1]
                         l2 = lev[2]
@@ -180,7 +181,7 @@ if numba is not None:
 
         # the sums' order is fixed by the code (runs, then four k at a time, FMA where the CPU has it),
         # never by the thread count: each output belongs to one task
-        return parallel_and_serial(kernel, fastmath={"contract", "nsz", "arcp", "reassoc", "nnan", "ninf"})
+        return parallel_and_serial(kernel, fastmath={"contract"})
 
     _KERNELS: dict[tuple[int, int, bool, int], tuple[Any, Any]] = {}
 
@@ -326,8 +327,8 @@ def _quantize_rows(x: np.ndarray, run: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _width(n: int) -> int:
-    """Rows per task: the widest of 512 .. 16 that divides N (a task's partial sums stay in L1)."""
-    return next(w for w in (512, 256, 128, 64, 32, 16) if n % w == 0)
+    """Rows per task: 512 where it divides N (a task's partial sums stay in L1), else 16."""
+    return 512 if n % 512 == 0 else 16  # two widths: each is its own compilation (seconds)
 
 
 # the panels built so far, one per weight while it lives (the weight is immutable, so they stay right)
@@ -365,6 +366,11 @@ def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
         panel = np.ascontiguousarray(raw[:, :k].T)
     else:
         codes = np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, k)
+        if _mode(plan) == _I4:
+            # signed 4-bit codes kept as unsigned ones, q + 8, with 8 added to the zero point: the f32
+            # decode of an unsigned nibble is one conversion (the signed one is 25% slower end to end)
+            codes ^= 8
+            aux = aux + np.float32(8)
         chunks = codes.T.reshape(k, n // width, 2, width // 2)
         panel = np.ascontiguousarray((chunks[:, :, 0, :] | (chunks[:, :, 1, :] << 4)).reshape(k, n // 2))
     per_run = lambda g: np.ascontiguousarray(np.repeat(g, b // run, axis=1).T)
@@ -411,6 +417,8 @@ def matmul_t(x: np.ndarray, qt: Any, plan: Plan, sums: str = "f32") -> np.ndarra
     panel, eff, aux, run, width = built
     mode = _mode(plan)
     affine = {QuantMode.ZERO_POINT: _ZERO, QuantMode.OFFSET: _OFFSET}.get(plan.scheme.mode, _SYM)
+    if mode == _I4:  # stored unsigned in the panel, the zero point raised by 8 (see _panel)
+        mode, affine = _U4, _ZERO
     m = x.shape[0]
     x = np.ascontiguousarray(x)
     xsum = x.reshape(m, k // run, run).sum(axis=2, dtype=np.float32)

@@ -101,6 +101,17 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
             if importlib.util.find_spec("numba") is not None:
                 assert r["check"] == "exact", scheme
     assert "-- search calibrations" in proc.stdout
+    # the quantized products from memory, beside NumPy f32 in the same run; fused f32 rows within
+    # f32 rounding of the float64 product, the int8-activation rows within their activations' rounding
+    gemv = {r["case"]: r for r in doc["results"] if r["kind"] == "gemv"}
+    for batch in (1, 16):
+        assert f"numpy f32 x @ W.T  b{batch}" in gemv
+        for case in ("q4s:block32 fused", "nvfp4 fused", "mxfp8 fused", "q4s:block32 (w @ x.T).T"):
+            r = gemv[f"{case} b{batch}"]
+            assert float(r["check"]) < 1e-5, case
+            assert r["vs_numpy"] > 0
+        assert float(gemv[f"q4s:block32 fused_int8 b{batch}"]["check"]) < 0.05
+    assert "-- quantized x @ W.T, the weight read from memory" in proc.stdout
     tail = proc.stdout.split("targets (informational")[-1]
     assert "q8s:block32:f16:native   quantize" in tail
     assert "only indicative" in tail  # 256 x 256 is not the size the targets are stated for

@@ -126,8 +126,8 @@ if numba is not None:
         constants (constant trip counts let LLVM vectorise the loops without alias checks: 3x faster),
         so each is its own compilation (and cache entry), made on first use.
 
-        The weight comes as a panel: ``panel[k]`` holds the codes of column ``k`` of W for every row,
-        chunk by chunk (see :func:`_panel`). A task owns one chunk of ``width`` rows and walks K in runs
+        The weight comes as a panel: ``panel[c, k]`` holds the codes of column ``k`` of W for the rows
+        of chunk ``c`` (see :func:`_panel`). A task owns one chunk of ``width`` rows and walks K in runs
         of ``run`` (one scale per run): per run its ``width`` partial sums start at zero, each ``k`` adds
         ``level * x[m, k]`` to them (four ``k`` at a time), and the run's scale (and zero point or
         offset) folds them into the output. ``x`` is f32 (or int8 codes with per-run scales ``sx``).
@@ -149,7 +149,7 @@ if numba is not None:
                     part[:] = 0
                     for k4 in range(q * run, q * run + run, 4):
                         for u in range(4):
-                            decode(panel[k4 + u, c * bw : c * bw + bw], lev[u], mode, bw)
+                            decode(panel[c, k4 + u], lev[u], mode, bw)
                         l0 = lev[0]
                         l1 = lev[1]
                         l2 = lev[2]
@@ -162,8 +162,8 @@ if numba is not None:
                             p = part[m]
                             for j in range(width):
                                 p[j] += l0[j] * x0 + l1[j] * x1 + l2[j] * x2 + l3[j] * x3
-                    s = eff[q, r0 : r0 + width]
-                    z = aux[q, r0 : r0 + width]
+                    s = eff[c, q]
+                    z = aux[c, q]
                     for m in range(m_rows):
                         p = part[m]
                         o = out[m, r0 : r0 + width]
@@ -340,11 +340,13 @@ _PANELS: weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray, np.ndarray
 def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
     """The weight as the kernel reads it, built once per weight: its codes column by column, the scales per run.
 
-    ``panel[k]`` holds column ``k``'s codes for all N rows, ``width`` rows per chunk: a byte each, or
-    for 4-bit fields byte ``j`` of a chunk holding row ``j``'s code in its low nibble and row
-    ``j + width / 2``'s in its high one. ``eff`` and ``aux`` are ``(K / run, N)``: each run's effective
-    scale and zero point or offset (zeros when symmetric). The same bytes as the stored values,
-    reordered as onnxruntime and llama.cpp repack a weight once before multiplying with it.
+    ``panel[c, k]`` holds column ``k``'s codes for the ``width`` rows of chunk ``c``: a byte each, or
+    for 4-bit fields byte ``j`` holding row ``j``'s code in its low nibble and row ``j + width / 2``'s
+    in its high one; each chunk is one contiguous run of memory, read front to back by its task (a
+    stride between columns instead defeats the prefetcher). ``eff`` and ``aux`` are ``(N / width,
+    K / run, width)``: each run's effective scale and zero point or offset (zeros when symmetric).
+    The same bytes as the stored values, reordered as onnxruntime and llama.cpp repack a weight
+    once before multiplying with it.
     """
     if qt in _PANELS:
         return _PANELS[qt]
@@ -361,9 +363,9 @@ def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
     width = _width(n)
     if plan.value is QuantValue.E2M1:
         nibbles = np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, k) if _packed(plan) else raw[:, :k] & 15
-        panel = np.ascontiguousarray(_TWICE_E2M1[nibbles].T).view(np.uint8)
+        panel = _TWICE_E2M1[nibbles].view(np.uint8)
     elif _mode(plan) < _NIBBLES:
-        panel = np.ascontiguousarray(raw[:, :k].T)
+        panel = raw[:, :k]
     else:
         codes = np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, k)
         if _mode(plan) == _I4:
@@ -371,10 +373,16 @@ def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
             # decode of an unsigned nibble is one conversion (the signed one is 25% slower end to end)
             codes ^= 8
             aux = aux + np.float32(8)
-        chunks = codes.T.reshape(k, n // width, 2, width // 2)
-        panel = np.ascontiguousarray((chunks[:, :, 0, :] | (chunks[:, :, 1, :] << 4)).reshape(k, n // 2))
-    per_run = lambda g: np.ascontiguousarray(np.repeat(g, b // run, axis=1).T)
-    built = (panel, per_run(eff), per_run(np.asarray(aux, np.float32)), run, width)
+        halves = codes.reshape(n // width, 2, width // 2, k)
+        panel = halves[:, 0] | (halves[:, 1] << 4)  # (chunks, width / 2, K)
+    # (chunks, rows of a chunk, K) -> (chunks, K, rows of a chunk): each chunk column by column
+    panel = np.ascontiguousarray(panel.reshape(n // width, -1, k).transpose(0, 2, 1))
+
+    def per_run(g: np.ndarray) -> np.ndarray:
+        runs = np.repeat(np.asarray(g, np.float32), b // run, axis=1)  # (N, K / run)
+        return np.ascontiguousarray(runs.reshape(n // width, width, -1).transpose(0, 2, 1))
+
+    built = (panel, per_run(eff), per_run(aux), run, width)
     _PANELS[qt] = built
     return built
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..invariants import Plan
 from ..scheme import QuantMode, QuantValue
+from ..kernels.minifloat import decode_table
 from .coverage import layout_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial
@@ -46,10 +47,11 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _ROWS = 16  # rows of W per parallel task
 _SEGMENT = 256  # the longest run of K that shares one activation scale on the int8 path
 
-# How a panel field becomes its level (before the scale): bytes (one field each) or nibbles (two per
-# byte). Unsigned kinds are the affine modes' codes. E2M1 panels hold twice each value as an int8 (a
-# byte per weight, twice the bytes of the stored nibbles: its decoder was 3x slower than a conversion).
-_I8, _U8, _E4M3, _E5M2, _E2M1, _I4, _U4 = range(7)
+# How a panel field becomes its level (before the scale): one field per element or two nibbles per
+# byte. Unsigned kinds are the affine modes' codes. E2M1 panels hold twice each value as an int8, and
+# E4M3 / E5M2 panels each value's bfloat16 bits (every such value is a bfloat16): decoding either is
+# one conversion, where computing the minifloat from its bits was 3x slower end to end.
+_I8, _U8, _BF16, _E2M1, _I4, _U4 = range(6)
 _NIBBLES = _I4
 # what the level is scaled by: symmetric ``level * s``, zero point ``(level - z) * s``, offset ``level * d + m``
 _SYM, _ZERO, _OFFSET = range(3)
@@ -61,23 +63,6 @@ if numba is not None:
     # arithmetic in int64, and an int64-to-f32 conversion has no vector instruction on x86.
 
     @_inline
-    def _fp8(f, ebits, mbits):
-        """An E4M3 or E5M2 byte as its f32 value (as ``minifloat.decode``): a normal's fields moved into
-        f32's, a subnormal as its field times its unit, NaN (and E5M2's infinity) as the table has them."""
-        bias = (1 << (ebits - 1)) - 1
-        mag = np.uint8(f & np.uint8(0x7F))
-        normal = np.uint32(np.uint32(np.uint32(mag) << np.uint32(23 - mbits)) + np.uint32((127 - bias) << 23))
-        v = normal.view(np.float32)
-        if mag < np.uint8(1 << mbits):
-            v = np.float32(mag) * np.float32(2.0 ** (1 - bias - mbits))
-        if ebits == 4:
-            if mag == np.uint8(0x7F):
-                v = np.float32(np.nan)
-        elif mag >= np.uint8(0x7C):
-            v = np.float32(np.inf) if mag == np.uint8(0x7C) else np.float32(np.nan)
-        return -v if np.uint8(f & np.uint8(0x80)) != 0 else v
-
-    @_inline
     def _level(f, mode):
         """The f32 level of the uint8 field ``f`` (a nibble already cut to its four bits)."""
         if mode in (_I8, _E2M1):
@@ -86,9 +71,7 @@ if numba is not None:
             return np.float32(f)
         if mode == _I4:
             return np.float32(np.uint8(f ^ np.uint8(8))) - np.float32(8)
-        if mode == _E4M3:
-            return _fp8(f, 4, 3)
-        return _fp8(f, 5, 2)
+        return np.uint32(np.uint32(f) << np.uint32(16)).view(np.float32)  # _BF16
 
     @_inline
     def _ilevel(f, mode):
@@ -204,10 +187,8 @@ def _packed(plan: Plan) -> bool:
 def _mode(plan: Plan) -> int:
     """The panel's decoder."""
     value = plan.value
-    if value is QuantValue.E4M3:
-        return _E4M3
-    if value is QuantValue.E5M2:
-        return _E5M2
+    if value in (QuantValue.E4M3, QuantValue.E5M2):
+        return _BF16
     if value is QuantValue.E2M1:
         return _E2M1
     signed = plan.qmin < 0
@@ -340,9 +321,10 @@ _PANELS: weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray, np.ndarray
 def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
     """The weight as the kernel reads it, built once per weight: its codes column by column, the scales per run.
 
-    ``panel[c, k]`` holds column ``k``'s codes for the ``width`` rows of chunk ``c``: a byte each, or
-    for 4-bit fields byte ``j`` holding row ``j``'s code in its low nibble and row ``j + width / 2``'s
-    in its high one; each chunk is one contiguous run of memory, read front to back by its task (a
+    ``panel[c, k]`` holds column ``k``'s codes for the ``width`` rows of chunk ``c``: a byte each (an
+    int8 of twice the value for E2M1, a uint16 of the value's bfloat16 bits for E4M3 / E5M2), or for
+    4-bit integer fields byte ``j`` holding row ``j``'s code in its low nibble and row
+    ``j + width / 2``'s in its high one; each chunk is one contiguous run of memory, read front to back by its task (a
     stride between columns instead defeats the prefetcher). ``eff`` and ``aux`` are ``(N / width,
     K / run, width)``: each run's effective scale and zero point or offset (zeros when symmetric).
     The same bytes as the stored values, reordered as onnxruntime and llama.cpp repack a weight
@@ -364,6 +346,9 @@ def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
     if plan.value is QuantValue.E2M1:
         nibbles = np.stack((raw & 15, raw >> 4), axis=-1).reshape(n, k) if _packed(plan) else raw[:, :k] & 15
         panel = _TWICE_E2M1[nibbles].view(np.uint8)
+    elif _mode(plan) == _BF16:
+        table = np.asarray(decode_table(plan.value), np.float32).view(np.uint32)
+        panel = (table >> 16).astype(np.uint16)[raw[:, :k]]  # exact: the low 16 bits are all zero
     elif _mode(plan) < _NIBBLES:
         panel = raw[:, :k]
     else:

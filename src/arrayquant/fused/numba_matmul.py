@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..invariants import Plan
-from ..scheme import QuantMode, QuantValue
 from ..kernels.minifloat import decode_table
+from ..scheme import QuantMode, QuantValue
 from .coverage import layout_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial

@@ -34,6 +34,9 @@ SCHEMES = [
     "q4f:block32:zero_point",
     "u8:block16:zero_point",
     "q4_k",
+    "q6_k",  # 6-bit fields crossing bytes: a byte per code in the panel
+    "q2_k",  # 2-bit offsets
+    "q5_1",
     "nvfp4",  # two-level, blocks of 16
     "mxfp4",
     "mxfp8",
@@ -102,6 +105,8 @@ def _int8_model(x: np.ndarray, w: aq.QuantizedTensor, run: int) -> np.ndarray:
         ("u4:block32:f16:offset", 32),
         ("nvfp4", 16),
         ("mxfp4", 32),
+        ("q6_k", 16),
+        ("u5:block32:f16:offset", 32),
     ],
 )
 def test_int8_activations_follow_their_definition(scheme: str, run: int) -> None:
@@ -177,8 +182,8 @@ def test_auto_takes_the_reference_past_the_batch_limit_and_where_the_kernel_cann
         aq.matmul(np.ones((2, 48), F32), w, path="fused")
     with pytest.raises(SchemeError, match=r"path='fused' does not apply: lookup codebooks are not fused"):
         aq.matmul(np.ones((2, 64), F32), _weight("nf4").T, path="fused")
-    with pytest.raises(SchemeError, match=r"path='fused' does not apply: 2-bit codes are not fused"):
-        aq.matmul(np.ones((2, 64), F32), _weight("q2s:block32").T, path="fused")
+    with pytest.raises(SchemeError, match=r"path='fused' does not apply: blocks spanning more than the last axis"):
+        aq.matmul(np.ones((2, 64), F32), _weight("q8s:block2x16").T, path="fused")
     with aq.fused_kernels(False), pytest.raises(SchemeError, match=r"the fused CPU kernels are off \(turned off by"):
         aq.matmul(np.ones((2, 64), F32), w.T, path="fused")
 

@@ -36,7 +36,6 @@ import numpy as np
 from ..invariants import Plan
 from ..kernels.minifloat import decode_table
 from ..scheme import QuantMode, QuantValue
-from .coverage import layout_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial
 
@@ -192,7 +191,7 @@ def _mode(plan: Plan) -> int:
     if value is QuantValue.E2M1:
         return _E2M1
     signed = plan.qmin < 0
-    if plan.bits == 8 or not _packed(plan):
+    if plan.bits != 4 or not _packed(plan):  # a byte per code in the panel
         return _I8 if signed else _U8
     return _I4 if signed else _U4
 
@@ -233,20 +232,12 @@ def supports(plan: Plan, shape: tuple[int, ...], sums: str = "f32") -> str:
             return f"{mode.value} minifloats are not fused"
         if sums == "int8" and plan.value is not QuantValue.E2M1:
             return f"{plan.value.value} levels are not small integers: the int8 sums cover integer codes and E2M1"
-    elif plan.bits not in (4, 8):
-        return f"{plan.bits}-bit codes are not fused (4-bit and 8-bit are)"
-    symmetric = plan.scheme.mode is QuantMode.SYMMETRIC
-    if symmetric:
-        why = layout_reason(plan, tuple(shape))
-        if why:
-            return why
-    else:
-        dims = plan.block_dims(tuple(shape))
-        if dims and dims[0] != 1:
-            return "blocks spanning more than the last axis are not fused"
-        axis = plan.packed_axis(2)
-        if axis is not None and axis != 1:
-            return "packing along an axis other than the last is not fused"
+    dims = plan.block_dims(tuple(shape))
+    if dims and dims[0] != 1:
+        return "blocks spanning more than the last axis are not fused"
+    axis = plan.packed_axis(2)
+    if axis is not None and axis != 1:
+        return "packing along an axis other than the last is not fused"
     n, k = shape
     b = _block(plan, (n, k))
     if n % 16 or k % 16 or b % 16 or k % b:
@@ -333,7 +324,10 @@ def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
     if qt in _PANELS:
         return _PANELS[qt]
     n, k = (int(v) for v in qt.shape)
-    raw = as_bytes(qt.values, plan, (n, k))
+    if not isinstance(qt.values, np.ndarray):
+        return None
+    whole = plan.value.is_float or plan.bits in (4, 8)  # else the panel takes the unpacked codes
+    raw = as_bytes(qt.values, plan, (n, k)) if whole else np.empty((n, 0), np.uint8)
     grids = _grids(qt, plan, n)
     if raw is None or grids is None:
         return None
@@ -349,6 +343,8 @@ def _panel(qt: Any, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int
     elif _mode(plan) == _BF16:
         table = np.asarray(decode_table(plan.value), np.float32).view(np.uint32)
         panel = (table >> 16).astype(np.uint16)[raw[:, :k]]  # exact: the low 16 bits are all zero
+    elif plan.bits not in (4, 8):  # 1..7-bit fields (Q2_K, Q3_K, Q5_0, Q6_K ...): a byte per code
+        panel = np.asarray(qt.codes()).view(np.uint8)
     elif _mode(plan) < _NIBBLES:
         panel = raw[:, :k]
     else:

@@ -22,7 +22,7 @@ broadcast). Three ways to compute it:
   written ``x @ w.T`` (``w.T`` is free: a view of ``w``) or ``w @ x``: Numba kernels read ``w``'s codes
   and scales once, never building the float weight (:mod:`arrayquant.fused.numba_matmul`). Products
   and sums in f32; the result differs from the reference by f32 rounding only (the sums' order).
-  8-bit and 4-bit integer codes (symmetric, zero point or offset), E2M1 (NVFP4, MXFP4), E4M3 and E5M2
+  Integer codes of 1 to 8 bits (symmetric, zero point or offset), E2M1 (NVFP4, MXFP4), E4M3 and E5M2
   (MXFP8), per tensor, per row or per block of a multiple of 16 along K.
 * ``"fused_int8"`` — the same kernels with the activations quantized on the fly: int8 per run of K
   sharing one weight scale (at most 256), absmax scale, integer sums (as llama.cpp and onnxruntime's

@@ -8,6 +8,8 @@ dequantizes single nodes; the float models compared with are the same graphs wit
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -406,3 +408,14 @@ def test_malformed_matmulnbits_nodes_are_refused(tmp_path, b, scales, zero, attr
     onnx.save(_nbits_node(b, scales, zero, **attrs), path)
     with pytest.raises(SchemeError, match=message):
         aq.load(path)
+
+
+def test_without_onnx_installed_the_error_says_what_to_install(tmp_path, monkeypatch):
+    src = tmp_path / "m.onnx"
+    onnx.save(_one_matmul(), src)
+    assert aq.io.formats.detect(src) == "onnx"  # recognising the file needs no package
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(
+        aq.BackendUnavailableError, match=r"the onnx format needs onnx \(pip install 'arrayquant\[onnx\]'\)"
+    ):
+        aq.load(src)

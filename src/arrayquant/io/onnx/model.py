@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ...errors import CorruptDataError, SchemeError
+from ...errors import BackendUnavailableError, CorruptDataError, SchemeError
 from .._atomic import publish
 from ..paths import open_regular
 
@@ -21,8 +21,15 @@ SIZE_LIMIT = (1 << 31) - 1  # a protobuf message is at most 2 GiB
 
 
 def _onnx() -> Any:
-    import onnx  # the format's optional package: a missing one is reported by the format table
-
+    """The ``onnx`` package (and ``ml_dtypes``, which its 4-bit and float8 tensors need), or a
+    BackendUnavailableError saying what to install. Imported only when a model is read or written:
+    recognising a ``.onnx`` file needs neither."""
+    try:
+        import ml_dtypes  # noqa: F401
+        import onnx
+    except ImportError as exc:
+        msg = f"the onnx format needs {exc.name or 'onnx'} (pip install 'arrayquant[onnx]')"
+        raise BackendUnavailableError(msg) from None
     return onnx
 
 

@@ -120,7 +120,7 @@ def test_ci_script_runs_small_without_peers(tmp_path: Path) -> None:
 def test_arrayquant_bench_times_the_installed_peers(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     peers = ",".join(PEER_ROWS)
-    cmd = [sys.executable, "-m", "arrayquant", "bench", "--size", "128", "--repeat", "1", "--no-memory"]
+    cmd = [sys.executable, "-m", "arrayquant", "bench", "--size", "128", "--repeat", "1", "--no-memory", "--no-matmul"]
     proc = _run([*cmd, "--peers", peers, "--json", str(out)])
     doc = json.loads(out.read_text())
     rows = {(r["case"], r["op"]): r for r in doc["results"]}
@@ -229,7 +229,7 @@ def test_a_wrong_output_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: p
     for var in (*harness.THREAD_VARS, "XLA_FLAGS"):
         monkeypatch.setenv(var, "1" if var != "XLA_FLAGS" else harness.XLA_ONE_THREAD)  # restored afterwards
     monkeypatch.setattr(cases, "verify", lambda *args: "differs")
-    assert cli_main(["bench", "--size", "64", "--repeat", "1", "--peers", "none", "--no-memory"]) == 1
+    assert cli_main(["bench", "--size", "64", "--repeat", "1", "--peers", "none", "--no-memory", "--no-matmul"]) == 1
     assert "differ from their reference" in capsys.readouterr().err
 
 

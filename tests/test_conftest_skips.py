@@ -221,7 +221,18 @@ def test_the_groups_ci_requires() -> None:
     spec.loader.exec_module(root)
     assert root.required_modules("") == {}
     assert root.required_modules("hf, burn") == {"transformers": "hf", "compressed_tensors": "hf", "cbor2": "burn"}
-    everything = root.required_modules("torch,jax,hf,gguf,burn,numba")
-    assert set(everything) == {"torch", "jax", "transformers", "compressed_tensors", "gguf", "cbor2", "numba"}
+    everything = root.required_modules("torch,jax,hf,gguf,burn,numba,onnx")
+    assert set(everything) == {
+        "torch",
+        "jax",
+        "transformers",
+        "compressed_tensors",
+        "gguf",
+        "cbor2",
+        "numba",
+        "onnx",
+        "onnxruntime",
+        "onnx_ir",
+    }
     ci = (ROOT_CONFTEST.parent / "ci" / "test.sh").read_text(encoding="utf-8")
-    assert "export ARRAYQUANT_REQUIRE=${ARRAYQUANT_REQUIRE-torch,jax,hf,gguf,burn,numba}" in ci
+    assert "export ARRAYQUANT_REQUIRE=${ARRAYQUANT_REQUIRE-torch,jax,hf,gguf,burn,numba,onnx}" in ci

@@ -36,7 +36,7 @@ def _floats(path: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("fmt", formats.FORMATS, ids=[f.name for f in formats.FORMATS])
 def test_every_format_implements_the_protocol(fmt: formats.Format) -> None:
     if fmt.extra:
-        pytest.importorskip({"gguf": "gguf", "burn": "cbor2"}[fmt.extra])
+        pytest.importorskip({"gguf": "gguf", "burn": "cbor2", "onnx": "onnx"}[fmt.extra])
     module = fmt.module()
     assert fmt.name == module.NAME
     for name in PROTOCOL:
@@ -64,14 +64,17 @@ def test_every_format_implements_the_protocol(fmt: formats.Format) -> None:
 
 
 def test_names_suffixes_and_unknown_formats() -> None:
-    assert formats.names() == ("gguf", "burnpack", "compressed-tensors", "arrayquant")
+    assert formats.names() == ("gguf", "burnpack", "compressed-tensors", "onnx", "matmulnbits", "arrayquant")
     assert formats.by_suffix("m.GGUF") == "gguf"
     assert formats.by_suffix("m.bpk") == "burnpack"
     assert formats.by_suffix("m.safetensors") == "arrayquant"
     assert formats.by_suffix("folder") is None
+    assert formats.by_suffix("model.onnx") == "onnx"  # matmulnbits names no suffix: it is never detected
     assert formats.get_format("burnpack").title == "Burnpack"
-    with pytest.raises(SchemeError, match=r"format 'onnx' is not one arrayquant knows; use one of 'gguf', 'burnpack'"):
-        formats.get_format("onnx")
+    with pytest.raises(
+        SchemeError, match=r"format 'tflite' is not one arrayquant knows; use one of 'gguf', 'burnpack'"
+    ):
+        formats.get_format("tflite")
 
 
 def test_quantize_file_on_safetensors_matches_quantize(tmp_path: Path) -> None:
@@ -139,8 +142,12 @@ def test_refused_pairs_and_options_name_what_is_written(tmp_path: Path) -> None:
         aq.quantize_file(src, tmp_path / "q.gguf", "q8_0")
     with pytest.raises(SchemeError, match=r"quantize_file into safetensors does not take max_shard_size"):
         aq.quantize_file(src, tmp_path / "q.safetensors", "q8s", max_shard_size="1GB")
-    with pytest.raises(SchemeError, match=r"format 'onnx' is not one arrayquant knows"):
+    with pytest.raises(
+        SchemeError, match=r"quantize_file does not write ONNX from safetensors; it writes gguf -> gguf"
+    ):
         aq.quantize_file(src, tmp_path / "q.onnx", "q8s", format="onnx")
+    with pytest.raises(SchemeError, match=r"format 'tflite' is not one arrayquant knows"):
+        aq.quantize_file(src, tmp_path / "q.tflite", "q8s", format="tflite")
     assert not (tmp_path / "q.gguf").exists()
     assert not (tmp_path / "q.safetensors").exists()
     aq.quantize_file(src, tmp_path / "q.safetensors", "q8s")

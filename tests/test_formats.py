@@ -81,9 +81,11 @@ def test_save_picks_the_format_by_suffix_or_name(tmp_path: Path) -> None:
         aq.save(tmp_path / "m.safetensors", {"w": qt}, metadata={"k": "v"})
     with pytest.raises(
         SchemeError,
-        match=r"format 'onnx' is not one aq.save writes; use one of 'gguf', 'burnpack', 'compressed-tensors'",
+        match=r"format 'tflite' is not one aq.save writes; use one of 'gguf', 'burnpack', 'compressed-tensors'",
     ):
-        aq.save(tmp_path / "m.onnx", {"w": qt}, format="onnx")
+        aq.save(tmp_path / "m.tflite", {"w": qt}, format="tflite")
+    with pytest.raises(SchemeError, match=r"aq.save does not write ONNX files: an ONNX file is a model"):
+        aq.save(tmp_path / "m.onnx", {"w": qt})  # by its suffix
 
 
 def test_a_missing_format_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,8 +97,8 @@ def test_a_missing_format_package_says_what_to_install(monkeypatch: pytest.Monke
         BackendUnavailableError, match=r"the burnpack format needs cbor2 \(pip install 'arrayquant\[burn\]'\)"
     ):
         formats.format_module("burnpack")
-    with pytest.raises(SchemeError, match="format 'onnx' is not one arrayquant knows; use one of 'gguf', 'burnpack'"):
-        formats.format_module("onnx")
+    with pytest.raises(SchemeError, match="format 'tflite' is not one arrayquant knows; use one of 'gguf', 'burnpack'"):
+        formats.format_module("tflite")
 
 
 def test_cli_on_gguf_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

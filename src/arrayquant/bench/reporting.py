@@ -24,6 +24,7 @@ __all__ = [
     "TARGETS",
     "TARGET_EXTRA_MIB",
     "TARGET_SIZE",
+    "gemv_table",
     "markdown",
     "report",
     "targets",

@@ -5,11 +5,11 @@ The functions here work on any format (found from a file's content, see :func:`d
 :func:`~arrayquant.dequantize_file` for whole files and model folders a tensor at a time (also
 ``aq.quantize_file`` / ``aq.dequantize_file``), :func:`iter_tensors` and :func:`tensor_shapes`
 to look inside. Each format is a package below (``gguf``, ``burn``, ``compressed_tensors``,
-``arrayquant``, with ``safetensors`` under the last two) for what only it has.
+``onnx``, ``arrayquant``, with ``safetensors`` under two of them) for what only it has.
 
 >>> import arrayquant as aq
 >>> [f.name for f in aq.io.FORMATS]
-['gguf', 'burnpack', 'compressed-tensors', 'arrayquant']
+['gguf', 'burnpack', 'compressed-tensors', 'onnx', 'matmulnbits', 'arrayquant']
 """
 
 from .arrayquant.layout import FORMAT_VERSION

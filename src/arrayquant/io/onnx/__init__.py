@@ -8,4 +8,6 @@
 * :mod:`.format` is the format protocol (``aq.load``, ``aq.quantize_file``, ``arrayquant quantize``).
 """
 
+__all__ = ["NAME"]
+
 NAME = "onnx"

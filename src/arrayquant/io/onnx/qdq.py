@@ -35,7 +35,7 @@ from ...scheme import QuantMode, QuantScheme, QuantValue
 from ...storage import pack
 from ...tensor import QuantizedTensor
 
-__all__ = ["decode", "encode", "opset_for"]
+__all__ = ["decode", "effective_scales", "encode", "opset_for"]
 
 _F32_MAX = np.float32(np.finfo(np.float32).max)
 

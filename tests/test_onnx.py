@@ -419,3 +419,106 @@ def test_without_onnx_installed_the_error_says_what_to_install(tmp_path, monkeyp
         aq.BackendUnavailableError, match=r"the onnx format needs onnx \(pip install 'arrayquant\[onnx\]'\)"
     ):
         aq.load(src)
+
+
+def _dq_model(x, scale, zero=None, **attrs):
+    weights = {"X": x, "S": scale}
+    inputs = ["X", "S"]
+    if zero is not None:
+        weights["Z"] = zero
+        inputs.append("Z")
+    node = helper.make_node("DequantizeLinear", inputs, ["W"], **attrs)
+    graph = helper.make_graph(
+        [node],
+        "dq",
+        [],
+        [helper.make_tensor_value_info("W", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+_I8 = np.zeros((4, 32), np.int8)
+
+
+@pytest.mark.parametrize(
+    ("x", "scale", "zero", "attrs", "message"),
+    [
+        (np.zeros((), np.int8), np.ones((), F32), None, {}, r"a 0-d quantized initializer is not read as a tensor"),
+        (_I8, np.ones((), np.float64), None, {}, r"scale of type float64 \(float32, float16 and bfloat16 are read\)"),
+        (_I8, np.ones(32, F32), None, {"axis": 2}, r"axis 2 is outside the data's 2 axes"),
+        (_I8, np.ones(4, F32), None, {"axis": 1}, r"a per-axis scale must have shape \(32,\), got \(4,\)"),
+        (
+            _I8,
+            np.ones((4, 2), F32),
+            None,
+            {"axis": 1, "block_size": 8},
+            r"a scale blocked by 8 along axis 1 must have shape \(4, 4\), got \(4, 2\)",
+        ),
+        (
+            _I8,
+            np.ones(32, F32),
+            np.zeros(4, np.int8),
+            {"axis": 1},
+            r"zero point shape \(4,\) differs from the scale's \(32,\)",
+        ),
+        (
+            _I8,
+            np.ones(32, F32),
+            np.zeros(32, np.uint8),
+            {"axis": 1},
+            r"zero point type uint8 differs from the codes' int8",
+        ),
+        (
+            np.zeros((4, 32), np.int16),
+            np.ones((4, 4), F32),
+            None,
+            {"axis": 1, "block_size": 8},
+            r"DequantizeLinear codes of type int16 are not read",
+        ),
+    ],
+)
+def test_malformed_dequantize_nodes_are_refused(tmp_path, x, scale, zero, attrs, message):
+    path = tmp_path / "dq.onnx"
+    onnx.save(_dq_model(x, scale, zero, **attrs), path)
+    with pytest.raises(SchemeError, match=message):
+        aq.load(path)
+
+
+def test_a_float8_zero_point_other_than_zero_is_refused(tmp_path):
+    ml = pytest.importorskip("ml_dtypes")
+    x = np.zeros((4, 32), ml.float8_e4m3fn)
+    path = tmp_path / "dq.onnx"
+    onnx.save(_dq_model(x, np.ones((), F32), np.ones((), ml.float8_e4m3fn)), path)
+    with pytest.raises(SchemeError, match=r"a float8 / float4 zero point other than 0 is not read"):
+        aq.load(path)
+
+
+def test_wide_integer_data_is_read_as_its_values(tmp_path):
+    x = np.arange(-64, 64, dtype=np.int32).reshape(4, 32)
+    path = tmp_path / "dq.onnx"
+    onnx.save(_dq_model(x, np.array([0.5, 1, 2, 4], F32), np.array([1, 0, 0, 0], np.int32), axis=0), path)
+    ((name, value, note),) = aq.io.formats.iter_tensors(path)
+    assert name == "W"
+    assert note == "a wide-integer DequantizeLinear, read as its f32 values"
+    want = (x - np.array([[1], [0], [0], [0]])).astype(F32) * np.array([[0.5], [1], [2], [4]], F32)
+    assert np.array_equal(value, want)
+
+
+def test_malformed_matmulnbits_zero_points_and_k_are_refused(tmp_path):
+    attrs = {"K": 40, "N": 4, "bits": 4, "block_size": 16}
+    path = tmp_path / "n.onnx"
+    onnx.save(_nbits_node(np.zeros((4, 3, 8), np.uint8), np.ones(12, F32), None, **attrs), path)
+    with pytest.raises(SchemeError, match=r"K \(40\) not a multiple of block_size \(16\) is not read"):
+        aq.load(path)
+    attrs = {"K": 32, "N": 4, "bits": 4, "block_size": 16}
+    onnx.save(_nbits_node(np.zeros((4, 2, 8), np.uint8), np.ones(8, F32), np.ones(8, F32), **attrs), path)
+    with pytest.raises(SchemeError, match=r"zero points of type float32 are not read \(uint8 ones are\)"):
+        aq.load(path)
+
+
+def test_weights_whose_blocks_span_rows_are_refused(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(_one_matmul(), src)
+    with pytest.raises(SchemeError, match=r"has blocks spanning rows; DequantizeLinear blocks run along one axis"):
+        aq.quantize_file(src, tmp_path / "q.onnx", "q8s:block2x16")

@@ -121,10 +121,11 @@ def _file_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     q = _subparser(
         sub,
         "quantize",
-        help="quantize the weights of a safetensors file, model folder, GGUF or Burnpack file, one tensor at a time",
+        help="quantize the weights of a safetensors, GGUF, Burnpack or ONNX file or a model folder, tensor by tensor",
         description="Quantize the floating tensors that match (by default the 2-D weights, not norms or biases) "
-        "and copy the rest unchanged. IN is a .safetensors file, a Hugging Face model folder, a .gguf or a .bpk "
-        "file; OUT is written in the format --format says, and a suffix of OUT (.safetensors, .gguf, .bpk) must "
+        "and copy the rest unchanged. IN is a .safetensors file, a Hugging Face model folder, a .gguf, a .bpk or an "
+        ".onnx file; OUT is written in the format --format says, and a suffix of OUT (.safetensors, .gguf, .bpk, "
+        ".onnx) must "
         "name that format. The summary gives the sizes, the mean and worst SQNR, and warns about tensors below "
         f"{QUALITY_FLOOR_DB:g} dB.",
     )
@@ -132,21 +133,22 @@ def _file_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "input",
         metavar="IN",
         help="a .safetensors file, a Hugging Face model folder (config.json and model.safetensors or its shards), "
-        "a .gguf or a .bpk file (never changed)",
+        "a .gguf, a .bpk or an .onnx model (never changed)",
     )
     q.add_argument(
         "output",
         metavar="OUT",
         help="written atomically, never IN: a .safetensors or .bpk file from a .safetensors IN, a new folder "
-        "from a model folder (compressed-tensors), a .gguf from a .gguf, a .bpk from a .bpk",
+        "from a model folder (compressed-tensors), a .gguf from a .gguf, a .bpk from a .bpk, an .onnx from an .onnx",
     )
     q.add_argument(
         "--format",
         choices=names(),
         help="arrayquant: one .safetensors file in arrayquant's layout; compressed-tensors: a model folder that "
-        "transformers and vLLM load; gguf: a re-quantized GGUF (IN a .gguf); burnpack: a Burn .bpk file "
-        "(default: compressed-tensors for a folder, the input's own format for .gguf and .bpk, burnpack for "
-        "an OUT ending in .bpk, else arrayquant)",
+        "transformers and vLLM load; gguf: a re-quantized GGUF (IN a .gguf); burnpack: a Burn .bpk file; onnx: "
+        "the MatMul/Gemm weights of an .onnx IN as DequantizeLinear; matmulnbits: its MatMul nodes as "
+        "onnxruntime's MatMulNBits (default: compressed-tensors for a folder, the input's own format for .gguf, "
+        ".bpk and .onnx, burnpack for an OUT ending in .bpk, else arrayquant)",
     )
     q.add_argument("--scheme", required=True, help=_SCHEME_HELP)
     q.add_argument("--include", action="append", default=[], metavar="GLOB", help="quantize tensors named so (repeat)")

@@ -39,9 +39,11 @@ ARRAYQUANT_FUSED_GPU=0 ARRAYQUANT_TEST_BACKENDS=numpy,cupy step 110 python3 -m p
   | tail -n 30 | tee "$out/pytest.txt"
 status=${PIPESTATUS[0]}
 
-# 2. the fused CuPy kernels (arrayquant/fused/cupy_kernels.py) against the portable path, bit for bit
+# 2. the fused CuPy kernels (arrayquant/fused/cupy_kernels.py) against the portable path, bit for bit,
+# and the quantized matrix product (cupy_matmul.py) against the sequential f32 dot product, exactly
 # (their CUDA-as-C++ host runs are left to the CPU suite)
 ARRAYQUANT_FUSED_GPU=1 step 60 python3 -m pytest "${pytest_args[@]}" -rs -k "not on_host" tests/test_fused_cupy.py \
+  tests/test_fused_cupy_matmul.py \
   --junitxml "$out/junit-fused.xml" 2>&1 | tail -n 40 | tee "$out/pytest-fused.txt"
 fused_status=${PIPESTATUS[0]}
 
@@ -59,11 +61,11 @@ ARRAYQUANT_FUSED_GPU=1 step 55 python3 -m arrayquant bench --backend cupy --size
 bench_status=${PIPESTATUS[0]}
 {
   echo "portable conformance (numpy, cupy), exit $status: $(summary "$out/pytest.txt")"
-  echo "fused GPU kernels, tests/test_fused_cupy.py, exit $fused_status: $(summary "$out/pytest-fused.txt")"
+  echo "fused GPU kernels, tests/test_fused_cupy.py and test_fused_cupy_matmul.py, exit $fused_status: $(summary "$out/pytest-fused.txt")"
   grep -E '^(FAILED|SKIPPED|ERROR)' "$out/pytest-fused.txt" | head -n 20
   echo "conformance with ARRAYQUANT_FUSED_GPU=1, exit $conf_fused_status: $(summary "$out/pytest-conformance-fused.txt")"
   if [ "$fused_status" -eq 0 ] && [ "$conf_fused_status" -eq 0 ] && ! grep -qE 'SKIPPED.*(CUDA device|need CuPy)' "$out/pytest-fused.txt"; then
-    echo "fused GPU kernels: bit-exact on this device (cupy_kernels.VERIFIED may be set)"
+    echo "fused GPU kernels: bit-exact on this device (cupy_kernels.VERIFIED and cupy_matmul.VERIFIED may be set)"
   else
     echo "fused GPU kernels: NOT proven on this device"
   fi

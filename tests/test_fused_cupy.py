@@ -15,11 +15,7 @@ Three layers:
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import re
-import shutil
-import subprocess
 import types
 
 import numpy as np
@@ -30,6 +26,8 @@ from arrayquant.fused import cupy_kernels as ck
 from arrayquant.invariants import plan_for
 from arrayquant.scheme import QuantScheme
 from arrayquant.tensor import QuantizedTensor
+
+from .cuda_on_host import compile_kernels, compiler
 
 SCHEMES = [
     "q8s",
@@ -166,66 +164,12 @@ def test_kernel_sources_are_well_formed():
 # ---------------------------------------------------------------------------------------------
 # the CUDA sources as C++ on the CPU, behind a stand-in cupy
 
-_PRELUDE = r"""
-#include <cmath>
-#include <cstring>
-using std::isnan;
-using std::signbit;
-struct aq_dim { unsigned int x; };
-static aq_dim blockIdx = {0}, blockDim = {1}, threadIdx = {0};
-extern "C" void aq_set_thread(unsigned int i) { threadIdx.x = i; }
-#define __device__ static
-#define __global__
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline int atomicOr(int* p, int v) { int o = *p; *p = o | v; return o; }
-"""
-
-_CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.uint32: ctypes.c_uint, np.float32: ctypes.c_float}
-
-
-class _HostKernel:
-    """A kernel of ``cupy_kernels`` compiled as C++ and run thread by thread over NumPy arrays."""
-
-    def __init__(self, lib: ctypes.CDLL, name: str) -> None:
-        self._lib = lib
-        self._fn = getattr(lib, name)
-        self._fn.restype = None
-
-    def __call__(self, grid, block, args):
-        cargs = []
-        keep = []
-        for a in args:
-            if isinstance(a, np.ndarray):
-                assert a.flags.c_contiguous
-                keep.append(a)
-                cargs.append(ctypes.c_void_p(a.ctypes.data))
-            else:
-                cargs.append(_CTYPES[type(a)](a))  # only the exact scalar types the wrappers pass
-        for i in range(grid[0] * block[0]):
-            self._lib.aq_set_thread(i)
-            self._fn(*cargs)
-
 
 @pytest.fixture(scope="module")
 def host_cupy(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
+    if compiler() is None:
         pytest.skip("no C++ compiler to run the CUDA sources on the CPU")
-    build = tmp_path_factory.mktemp("cuda_as_cpp")
-    kernels = {}
-    for name, src in ck.kernel_sources().items():
-        code = _PRELUDE + src
-        stem = build / f"{name}_{hashlib.sha1(code.encode()).hexdigest()[:8]}"
-        stem.with_suffix(".cpp").write_text(code)
-        cmd = [cxx, "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-o"]
-        subprocess.run([*cmd, str(stem.with_suffix(".so")), str(stem.with_suffix(".cpp"))], check=True)
-        lib = ctypes.CDLL(str(stem.with_suffix(".so")))
-        lib.aq_set_thread.argtypes = [ctypes.c_uint]
-        kernels[name] = _HostKernel(lib, name)
+    kernels = compile_kernels(ck.kernel_sources(), tmp_path_factory.mktemp("cuda_as_cpp"))
 
     fake = types.SimpleNamespace(
         ndarray=np.ndarray,

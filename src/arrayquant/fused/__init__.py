@@ -59,18 +59,20 @@ def available() -> bool:
     return not why_not()
 
 
-def gpu_why_not() -> str:
+def gpu_why_not(verified: bool | None = None) -> str:
     """Why the fused GPU (CuPy) kernels are off now, or ``""`` when they are on.
 
     They are unverified until ``ci/gpu-check.sh`` has passed on a GPU, so they are off unless
-    ``ARRAYQUANT_FUSED_GPU=1``; the switches of :func:`why_not` apply to them too.
+    ``ARRAYQUANT_FUSED_GPU=1``; the switches of :func:`why_not` apply to them too. ``verified``
+    is a kernel module's own flag (default: the quantize and dequantize kernels' ``VERIFIED``).
     """
     off = _turned_off()
     if off:
         return off
-    from .cupy_kernels import VERIFIED
+    if verified is None:
+        from .cupy_kernels import VERIFIED as verified
 
-    if not VERIFIED and os.environ.get("ARRAYQUANT_FUSED_GPU", "0").strip() != "1":
+    if not verified and os.environ.get("ARRAYQUANT_FUSED_GPU", "0").strip() != "1":
         return "unverified: off until proven on a GPU (ARRAYQUANT_FUSED_GPU=1 turns them on)"
     try:
         importlib.import_module("cupy")

@@ -335,12 +335,23 @@ def _fused_reason(a: Any, b: Any, sums: str) -> str:
     x, w, _, _ = operands
     from .. import fused
 
-    if not fused.available():
+    backend = shim.backend_name(w.values)
+    if backend == "cupy":
+        if sums == "int8":
+            return "the int8 sums run on NumPy arrays (Numba) only"
+        from ..fused import cupy_matmul
+
+        off = fused.gpu_why_not(cupy_matmul.VERIFIED)
+        if off:
+            return f"the fused GPU kernels are off ({off})"
+    elif backend != "numpy":
+        return "the fused kernels run on NumPy (Numba) and CuPy arrays"
+    elif not fused.available():
         return f"the fused CPU kernels are off ({fused.why_not()})"
-    if shim.backend_name(w.values) != "numpy" or shim.backend_name(x) != "numpy":
-        return "the fused kernels run on NumPy arrays"
     if compat.array_namespace(x).float32 != x.dtype:
         return f"it multiplies float32 activations, and the float operand has dtype {x.dtype}"
+    if backend == "cupy":
+        return cupy_matmul.supports(plan_for(w.scheme), tuple(w.shape))
     from ..fused import numba_matmul
 
     return numba_matmul.supports(plan_for(w.scheme), tuple(w.shape), sums)
@@ -348,7 +359,7 @@ def _fused_reason(a: Any, b: Any, sums: str) -> str:
 
 def _fused(a: Any, b: Any, sums: str) -> Any:
     """``x @ w.T`` by the fused kernel, shaped as ``matmul(a, b)``; None where the kernel declines."""
-    from ..fused import numba_matmul
+    from ..fused import cupy_matmul, numba_matmul
 
     operands = _fused_operands(a, b)
     assert operands is not None  # _choose checked
@@ -356,7 +367,10 @@ def _fused(a: Any, b: Any, sums: str) -> Any:
     xp = compat.array_namespace(x)
     k = int(w.shape[1])
     x2 = xp.reshape(x, (1, k)) if x.ndim == 1 else (xp.permute_dims(x, (1, 0)) if flip else xp.reshape(x, (-1, k)))
-    y = numba_matmul.matmul_t(x2, w, plan_for(w.scheme), sums)
+    if shim.backend_name(w.values) == "cupy":
+        y = cupy_matmul.matmul_t(x2, w, plan_for(w.scheme))
+    else:
+        y = numba_matmul.matmul_t(x2, w, plan_for(w.scheme), sums)
     if y is None:
         return None
     if flip:

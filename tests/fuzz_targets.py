@@ -95,13 +95,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("load", "cli", "nvfp4", "bytes", "quantize", "gguf", "burnpack", "folder", "gguf-meta", "ops")
-FILE_TARGETS = ("gguf", "burnpack")  # files of these formats, mutated and read through aq.load
+TARGETS = ("load", "cli", "nvfp4", "bytes", "quantize", "gguf", "burnpack", "onnx", "folder", "gguf-meta", "ops")
+FILE_TARGETS = ("gguf", "burnpack", "onnx")  # files of these formats, mutated and read through aq.load
 # the share of CI's cases per target a target gets (the rest: 1); model folders cost more per case
 CI_SHARE = {"folder": 0.5}
 # how many kinds of typed refusal a target must reach in CI: the GGUF and Burnpack readers refuse
 # most damage as one kind (corrupt data), some as a shape
-ERROR_KINDS = {"gguf": 2, "burnpack": 2, "gguf-meta": 1}
+ERROR_KINDS = {"gguf": 2, "burnpack": 2, "onnx": 2, "gguf-meta": 1}
 SLOW_S = 5.0  # a case over this is a failure
 ABORT_S = 10  # ... and is aborted here (SIGALRM)
 HARD_S = 60.0  # the parent kills a worker that has not answered by then
@@ -322,11 +322,13 @@ NVFP4_SHAPES = [(2, 32), (1, 16), (3, 64), (2, 2, 16)]
 @cache
 @cache
 def format_bases(target: str) -> tuple[bytes, ...]:
-    """Valid GGUF or Burnpack files written by arrayquant: quantized tensors the format holds, and plain ones."""
+    """Valid GGUF, Burnpack or ONNX files written by arrayquant: quantized tensors the format holds, and plain ones."""
     import numpy as np
 
     import arrayquant as aq
 
+    if target == "onnx":
+        return _onnx_bases()
     x = _x((4, 256), 3)
     plain = {"norm.weight": np.linspace(-1, 1, 8, dtype=np.float32), "ids": np.arange(6, dtype=np.int32)}
     if target == "gguf":
@@ -348,6 +350,36 @@ def format_bases(target: str) -> tuple[bytes, ...]:
             path = Path(folder) / f"{i}.{target}"
             aq.save(path, tensors, format=target, **options)
             out.append(path.read_bytes())
+    return tuple(out)
+
+
+def _onnx_bases() -> tuple[bytes, ...]:
+    """A MatMul + Gemm model quantized by ``aq.quantize_file`` as QDQ (INT4 blocks with zero points, FP8)
+    and as MatMulNBits, a few kilobytes each."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import arrayquant as aq
+
+    w1, w2 = _x((32, 64), 4), _x((16, 64), 5)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Gemm", ["h", "W2"], ["y"], transB=1)],
+        "fuzz",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = []
+    with tempfile.TemporaryDirectory() as folder:
+        src = Path(folder) / "m.onnx"
+        onnx.save(model, src)
+        for i, (scheme, fmt) in enumerate(
+            (("u4:block16:zero_point", "onnx"), ("mxfp8", "onnx"), ("q4s:block16", "matmulnbits"))
+        ):
+            dst = Path(folder) / f"{i}.onnx"
+            aq.quantize_file(src, dst, scheme, format=fmt)
+            out.append(dst.read_bytes())
     return tuple(out)
 
 
@@ -3174,11 +3206,12 @@ def reproducer(case: Case) -> str:
             "read_metadata('case.gguf')\n"
         )
     if case.target in ("load", "cli", *FILE_TARGETS) or not case.source:
-        head += f"blob = {_blob_expr(case.blob)}\nopen('case.safetensors', 'wb').write(blob)\n"
+        name = "case.onnx" if case.target == "onnx" else "case.safetensors"  # ONNX is found by its suffix too
+        head += f"blob = {_blob_expr(case.blob)}\nopen({name!r}, 'wb').write(blob)\n"
         if case.target in ("load", *FILE_TARGETS):  # aq.load finds the format from the content
             return (
                 head
-                + "for v in aq.load('case.safetensors', backend='numpy').values():\n"
+                + f"for v in aq.load({name!r}, backend='numpy').values():\n"
                 + ("    if isinstance(v, aq.QuantizedTensor): aq.dequantize(v); aq.to_bytes(v)\n")
             )
         if case.target == "nvfp4":

@@ -140,6 +140,7 @@ _DEQUANTIZE_ROUTES = {
     ("gguf", "arrayquant"): "arrayquant",  # any tensors, back to floats, as one safetensors file
     ("burnpack", "arrayquant"): "arrayquant",
     ("onnx", "onnx"): "onnx",
+    ("onnx", "arrayquant"): "arrayquant",  # the weights alone, as one safetensors file of floats
 }
 
 

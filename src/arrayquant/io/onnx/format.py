@@ -24,7 +24,7 @@ import numpy as np
 
 from ...backends import shim
 from ...backends.registry import default
-from ...errors import PathError, SchemeError
+from ...errors import CorruptDataError, ParamsError, PathError, SchemeError
 from ...quantize import quantize
 from ...scheme import QuantScheme
 from ...tensor import QuantizedTensor
@@ -49,9 +49,17 @@ _MS = "com.microsoft"
 
 
 def _arrays(model: Any) -> dict[str, np.ndarray]:
+    """Every initializer as an array; one whose data does not fit its type and dims is a CorruptDataError."""
     from onnx import numpy_helper
 
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out = {}
+    for t in model.graph.initializer:
+        try:
+            out[t.name] = numpy_helper.to_array(t)
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:  # onnx's, on damaged tensors
+            msg = f"initializer {t.name[:200]!r} does not hold what its type and dims say: {str(exc)[:200]}"
+            raise CorruptDataError(msg) from None
+    return out
 
 
 def _attrs(node: Any) -> dict[str, Any]:
@@ -65,9 +73,15 @@ def _attrs(node: Any) -> dict[str, Any]:
 _WIDE = (np.dtype(np.int32), np.dtype(np.int16), np.dtype(np.uint16))
 
 
-def _wide(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, axis: int) -> np.ndarray:
+def _wide(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, axis: int, where: str) -> np.ndarray:
     """``(x - zero) * scale`` in f32 for a per-tensor or per-axis node (as DequantizeLinear computes it)."""
     shape = [1] * x.ndim
+    if x.ndim == 0 or (scale.size > 1 and scale.shape != (x.shape[axis % x.ndim],)):
+        msg = f"{where}: a scale of shape {scale.shape} for data of shape {x.shape} (axis {axis})"
+        raise SchemeError(msg)
+    if zero is not None and zero.size != scale.size:
+        msg = f"{where}: zero point shape {zero.shape} differs from the scale's {scale.shape}"
+        raise SchemeError(msg)
     if scale.size > 1:
         shape[axis % x.ndim] = -1
     z = 0 if zero is None else zero.astype(np.int64).reshape(shape)
@@ -79,38 +93,45 @@ def _quantized(model: Any, arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, 
     out: dict[str, Any] = {}
     used: set[str] = set()
     for i, node in enumerate(model.graph.node):
-        where = f"node {i} ({node.op_type} {node.name or node.output[0]!r})"
-        inputs = list(node.input)
-        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
-            if not (inputs[0] in arrays and len(inputs) > 1 and inputs[1] in arrays):
-                continue  # activations, or data from another node
-            zero = arrays.get(inputs[2]) if len(inputs) > 2 and inputs[2] else None
-            attrs = _attrs(node)
-            used.update(n for n in inputs if n)
-            if arrays[inputs[0]].dtype in _WIDE and int(attrs.get("block_size", 0)) == 0:
-                out[node.output[0]] = _wide(arrays[inputs[0]], arrays[inputs[1]], zero, int(attrs.get("axis", 1)))
-                continue
-            out[node.output[0]] = qdq.decode(
-                arrays[inputs[0]],
-                arrays[inputs[1]],
-                zero,
-                int(attrs.get("axis", 1)),
-                int(attrs.get("block_size", 0)),
-                where,
-            )
-            used.update(n for n in inputs if n)
-        elif node.op_type == "MatMulNBits" and node.domain == _MS:
-            if not (len(inputs) > 2 and inputs[1] in arrays and inputs[2] in arrays):
-                continue
-            zero = arrays.get(inputs[3]) if len(inputs) > 3 and inputs[3] else None
-            if len(inputs) > 4 and any(inputs[4:]):
-                msg = f"{where}: MatMulNBits with g_idx or bias inputs is not read"
-                raise SchemeError(msg)
-            attrs = _attrs(node)
-            name = inputs[1].removesuffix(f"_Q{attrs.get('bits', 4)}")
-            out[name] = nbits.decode(arrays[inputs[1]], arrays[inputs[2]], zero, attrs, where)
-            used.update(n for n in inputs[1:] if n)
+        where = f"node {i} ({node.op_type[:100]} {(node.name or (node.output[0] if node.output else ''))[:200]!r})"
+        try:
+            _read_node(node, where, arrays, out, used)
+        except (SchemeError, CorruptDataError, ParamsError):
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError) as exc:  # a damaged attribute or array
+            msg = f"{where} is not a node arrayquant can read: {type(exc).__name__}: {str(exc)[:200]}"
+            raise CorruptDataError(msg) from None
     return out, used
+
+
+def _read_node(node: Any, where: str, arrays: Mapping[str, np.ndarray], out: dict[str, Any], used: set[str]) -> None:
+    """Add the weight one DequantizeLinear or MatMulNBits node stands for (other nodes add nothing)."""
+    inputs = list(node.input)
+    if not node.output or not inputs:
+        return
+    if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+        if not (inputs[0] in arrays and len(inputs) > 1 and inputs[1] in arrays):
+            return  # activations, or data from another node
+        zero = arrays.get(inputs[2]) if len(inputs) > 2 and inputs[2] else None
+        attrs = _attrs(node)
+        axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+        x, scale = arrays[inputs[0]], arrays[inputs[1]]
+        if x.dtype in _WIDE and block == 0:
+            out[node.output[0]] = _wide(x, scale, zero, axis, where)
+        else:
+            out[node.output[0]] = qdq.decode(x, scale, zero, axis, block, where)
+        used.update(n for n in inputs if n)
+    elif node.op_type == "MatMulNBits" and node.domain == _MS:
+        if not (len(inputs) > 2 and inputs[1] in arrays and inputs[2] in arrays):
+            return
+        zero = arrays.get(inputs[3]) if len(inputs) > 3 and inputs[3] else None
+        if len(inputs) > 4 and any(inputs[4:]):
+            msg = f"{where}: MatMulNBits with g_idx or bias inputs is not read"
+            raise SchemeError(msg)
+        attrs = _attrs(node)
+        name = inputs[1].removesuffix(f"_Q{attrs.get('bits', 4)}")
+        out[name] = nbits.decode(arrays[inputs[1]], arrays[inputs[2]], zero, attrs, where)
+        used.update(n for n in inputs[1:] if n)
 
 
 def load(path: Path, *, backend: str | None = None, device: Any = None) -> dict[str, Any]:
@@ -138,7 +159,7 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, Any, str]]:
             "" if isinstance(qt, QuantizedTensor) else "a wide-integer DequantizeLinear, read as its f32 values",
         )
     for name, arr in arrays.items():
-        if name not in used and name not in quantized:
+        if name not in used and name not in quantized and arr.dtype.kind in "biufc":  # not strings
             yield name, arr, ""
 
 

@@ -24,6 +24,7 @@ from ...invariants import plan_for
 from ...scheme import QuantMode, QuantScheme
 from ...storage import pack
 from ...tensor import QuantizedTensor
+from .qdq import checked
 
 __all__ = ["decode", "encode"]
 
@@ -117,7 +118,7 @@ def decode(
     if zero is None:  # the default zero point 2^(bits - 1): signed symmetric codes
         scheme = QuantScheme.parse(f"q{bits}f:block{block}:{sdt}:native")
         codes = (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
-        return QuantizedTensor(scheme, (n, k), np.float32, pack(codes, scheme), grid)
+        return checked(QuantizedTensor(scheme, (n, k), np.float32, pack(codes, scheme), grid), where)
     if zero.dtype != np.uint8:
         msg = f"{where}: zero points of type {zero.dtype} are not read (uint8 ones are)"
         raise SchemeError(msg)
@@ -128,4 +129,5 @@ def decode(
     zr = zero.reshape(n, per_row)
     z = np.stack((zr & 15, zr >> 4), axis=-1).reshape(n, -1)[:, :blocks] if bits == 4 else zr
     scheme = QuantScheme.parse(f"{value}:block{block}:{sdt}:native:zero_point")
-    return QuantizedTensor(scheme, (n, k), np.float32, pack(u.astype(np.uint8), scheme), grid, zero_point=z.copy())
+    qt = QuantizedTensor(scheme, (n, k), np.float32, pack(u.astype(np.uint8), scheme), grid, zero_point=z.copy())
+    return checked(qt, where)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import array_api_compat as compat
 import numpy as np
 
 from ...errors import SchemeError
@@ -35,9 +36,22 @@ from ...scheme import QuantMode, QuantScheme, QuantValue
 from ...storage import pack
 from ...tensor import QuantizedTensor
 
-__all__ = ["decode", "effective_scales", "encode", "opset_for"]
+__all__ = ["checked", "decode", "effective_scales", "encode", "opset_for"]
 
 _F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def checked(qt: QuantizedTensor, where: str) -> QuantizedTensor:
+    """``qt`` once its scales and zero points pass the invariant layer's checks (a typed error naming ``where``)."""
+    from ...invariants import check_params, check_zero
+    from ...scheme import QParams
+
+    plan = plan_for(qt.scheme)
+    stored = QParams(qt.scales, qt.global_scale, qt.table, qt.zero_point, qt.offset)
+    xp, device = compat.array_namespace(qt.values), compat.device(qt.values)
+    check_params(stored, plan, qt.shape, xp, device, what=where)
+    check_zero(stored, plan, qt.shape, xp, device, what=where)
+    return qt
 
 
 def _ml() -> Any:
@@ -205,4 +219,4 @@ def decode(
     if affine:
         zp = np.zeros(grid, np.uint8) if zero is None else np.asarray(zero).astype(np.int8 if signed else np.uint8)
         extra["zero_point"] = zp.reshape(grid)
-    return QuantizedTensor(scheme, shape, np.float32, pack(codes, scheme), scales, **extra)
+    return checked(QuantizedTensor(scheme, shape, np.float32, pack(codes, scheme), scales, **extra), where)

@@ -12,9 +12,10 @@ reproducer (:func:`reproducer`). Targets:
   through ``cli.main`` with a strict UTF-8 stdout, expecting exit 0 or 1 and no traceback;
 - ``nvfp4``: ``read_nvfp4`` of a mutated compressed-tensors file or of a mapping of arrays of
   any dtype, shape and layout, or of things that are not arrays;
-- ``gguf``, ``burnpack``: ``aq.load`` (the format found from the content) of a mutated GGUF or
-  Burnpack file written by arrayquant, every tensor checked; on every fourth case also
-  ``arrayquant inspect`` and ``dequantize``;
+- ``gguf``, ``burnpack``, ``onnx``: ``aq.load`` (the format found from the content) of a mutated
+  GGUF, Burnpack or ONNX file written by arrayquant (ONNX: QDQ with INT4 zero points and FP8, and
+  MatMulNBits), every tensor checked; on every fourth case also ``arrayquant inspect`` and
+  ``dequantize``;
 - ``bytes``: ``aq.from_bytes(buf, scheme, shape)`` + ``aq.dequantize`` with random scheme text
   (block extents up to 2**64 and 5,000 digits, 70-dimensional blocks, two levels, every scale
   dtype, lookup, stores), random shapes (rank 0 to 70, zero and huge extents, non-int extents)

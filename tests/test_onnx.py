@@ -235,7 +235,12 @@ def test_models_from_onnxruntimes_matmulnbits_quantizer_read_back_exactly(tmp_pa
         path = tmp_path / f"ort-{symmetric}.onnx"
         onnx.save(quantizer.model.model, path)
         (qt,) = (v for v in aq.load(path, backend="numpy").values() if isinstance(v, aq.QuantizedTensor))
-        assert str(qt.scheme) == ("q4f:block32:f32:native" if symmetric else "u4:block32:f32:native:zero_point")
+        # its symmetric scales carry a sign (scale = the signed absmax over -8): those blocks come back
+        # mirrored, codes and zero points complemented, with the same values
+        scales = numpy_helper.to_array(next(t for t in quantizer.model.model.graph.initializer if "scales" in t.name))
+        assert np.any(scales < 0) == symmetric
+        assert str(qt.scheme) == "u4:block32:f32:native:zero_point"
+        assert np.all(np.asarray(qt.scales) >= 0)
         assert np.array_equal(_run(path, np.eye(D, dtype=F32)), aq.dequantize(qt).T)
 
 
@@ -522,3 +527,26 @@ def test_weights_whose_blocks_span_rows_are_refused(tmp_path):
     onnx.save(_one_matmul(), src)
     with pytest.raises(SchemeError, match=r"has blocks spanning rows; DequantizeLinear blocks run along one axis"):
         aq.quantize_file(src, tmp_path / "q.onnx", "q8s:block2x16")
+
+
+@pytest.mark.parametrize("kind", ["int8", "uint4", "int4", "e4m3"])
+def test_negative_scales_read_as_mirrored_blocks_with_the_same_values(tmp_path, kind):
+    ml = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(9)
+    dtype = {"int8": np.int8, "uint4": ml.uint4, "int4": ml.int4, "e4m3": ml.float8_e4m3fn}[kind]
+    if kind == "e4m3":
+        x = rng.standard_normal((4, 32)).astype(dtype)
+        zero = None
+    else:
+        lo, hi = (-128, 127) if kind == "int8" else ((0, 15) if kind == "uint4" else (-8, 7))
+        x = rng.integers(lo, hi + 1, (4, 32)).astype(dtype)
+        zero = rng.integers(lo, hi + 1, (4, 2)).astype(dtype)
+    scale = np.array([[0.5, -0.25], [-1.0, 2.0], [-0.0, 0.125], [1.5, -3.0]], F32)
+    model = _dq_model(x, scale, zero, axis=1, block_size=16)
+    path = tmp_path / "neg.onnx"
+    onnx.save(model, path)
+    want = ReferenceEvaluator(model).run(None, {})[0]  # onnx's own DequantizeLinear
+    qt = aq.load(path, backend="numpy")["W"]
+    assert np.all(np.asarray(qt.scales) >= 0)
+    assert not np.any(np.signbit(np.asarray(qt.scales)))
+    assert np.array_equal(aq.dequantize(qt), want)

@@ -24,7 +24,7 @@ from ...invariants import plan_for
 from ...scheme import QuantMode, QuantScheme
 from ...storage import pack
 from ...tensor import QuantizedTensor
-from .qdq import checked
+from .qdq import checked, positive_scales
 
 __all__ = ["decode", "encode"]
 
@@ -72,17 +72,23 @@ def encode(qt: QuantizedTensor, name: str) -> tuple[list[Any], dict[str, int]]:
     u = codes.astype(np.uint8)
     if bits == 4:
         u = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
-        if zero is not None:
-            padded = np.zeros((n, blocks + blocks % 2), np.uint8)
-            padded[:, :blocks] = zero
-            zero = (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
     tensors = [
         numpy_helper.from_array(np.ascontiguousarray(u.reshape(n, blocks, b * bits // 8)), f"{name}_Q{bits}"),
         numpy_helper.from_array(np.asarray(qt.scales, np.float32).reshape(n * blocks), f"{name}_scales"),
     ]
     if zero is not None:
-        tensors.append(numpy_helper.from_array(np.ascontiguousarray(zero.reshape(-1)), f"{name}_zero_points"))
+        tensors.append(numpy_helper.from_array(_packed_zero(zero, bits), f"{name}_zero_points"))
     return tensors, {"K": k, "N": n, "bits": bits, "block_size": b}
+
+
+def _packed_zero(z: np.ndarray, bits: int) -> np.ndarray:
+    """Zero points ``(N, blocks)`` as MatMulNBits packs them (4-bit: two a byte, low first, per row)."""
+    if bits == 8:
+        return z.reshape(-1)
+    n, blocks = z.shape
+    padded = np.zeros((n, blocks + blocks % 2), np.uint8)
+    padded[:, :blocks] = z
+    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8).reshape(-1)
 
 
 def decode(
@@ -115,6 +121,8 @@ def decode(
     sdt = "f32" if scales.dtype == np.float32 else "f16"
     grid = np.asarray(scales, np.float32).reshape(n, blocks)
     value = f"u{bits}" if bits == 4 else "u8"
+    if zero is None and np.any(np.signbit(grid)):  # negative scales: mirrored blocks need zero points
+        zero = _packed_zero(np.full((n, blocks), 1 << (bits - 1), np.uint8), bits)
     if zero is None:  # the default zero point 2^(bits - 1): signed symmetric codes
         scheme = QuantScheme.parse(f"q{bits}f:block{block}:{sdt}:native")
         codes = (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
@@ -128,6 +136,11 @@ def decode(
         raise SchemeError(msg)
     zr = zero.reshape(n, per_row)
     z = np.stack((zr & 15, zr >> 4), axis=-1).reshape(n, -1)[:, :blocks] if bits == 4 else zr
+    u, grid, z2 = positive_scales(
+        u.astype(np.uint8), grid, z.astype(np.uint8), (1, block), (n, k), bits=bits, signed=False, floats=False
+    )
+    assert z2 is not None
+    z = z2
     scheme = QuantScheme.parse(f"{value}:block{block}:{sdt}:native:zero_point")
     qt = QuantizedTensor(scheme, (n, k), np.float32, pack(u.astype(np.uint8), scheme), grid, zero_point=z.copy())
     return checked(qt, where)

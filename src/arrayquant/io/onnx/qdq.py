@@ -207,16 +207,58 @@ def decode(
     if value.startswith("e") and nonzero:
         msg = f"{where}: a float8 / float4 zero point other than 0 is not read"
         raise SchemeError(msg)
-    affine = (not signed and not value.startswith("e")) or nonzero
-    block = "tensor" if not dims else "block" + "x".join(str(d) for d in dims)
-    scheme = QuantScheme.parse(f"{value}:{block}:{scale_dtype}:native" + (":zero_point" if affine else ""))
-    if value.startswith("e"):
+    floats = value.startswith("e")
+    if floats:
         codes = np.ascontiguousarray(x).view(np.uint8).copy()
     else:
         codes = np.asarray(x).astype(np.int8 if signed else np.uint8)
     scales = np.asarray(scale, dtype=np.float32).reshape(grid)
+    zp = None if zero is None or floats else np.asarray(zero).astype(np.int8 if signed else np.uint8).reshape(grid)
+    bits = {"q8f": 8, "u8": 8, "q4f": 4, "u4": 4, "e4m3": 8, "e5m2": 8, "e2m1": 4}[value]
+    codes, scales, zp = positive_scales(codes, scales, zp, dims, shape, bits=bits, signed=signed, floats=floats)
+    affine = not floats and (not signed or (zp is not None and bool(np.any(zp != 0))))
+    block = "tensor" if not dims else "block" + "x".join(str(d) for d in dims)
+    scheme = QuantScheme.parse(f"{value}:{block}:{scale_dtype}:native" + (":zero_point" if affine else ""))
     extra: dict[str, Any] = {}
     if affine:
-        zp = np.zeros(grid, np.uint8) if zero is None else np.asarray(zero).astype(np.int8 if signed else np.uint8)
-        extra["zero_point"] = zp.reshape(grid)
+        extra["zero_point"] = (np.zeros(grid, np.uint8) if zp is None else zp).reshape(grid)
     return checked(QuantizedTensor(scheme, shape, np.float32, pack(codes, scheme), scales, **extra), where)
+
+
+def positive_scales(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    zero: np.ndarray | None,
+    dims: tuple[int, ...],
+    shape: tuple[int, ...],
+    *,
+    bits: int,
+    signed: bool,
+    floats: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Codes, scales and zero points with every scale made non-negative, the values unchanged.
+
+    Some writers (onnxruntime's symmetric MatMulNBits quantizer) store negative scales; arrayquant's
+    scales are never negative. Where a scale is negative (or -0.0) its block is mirrored: integer
+    codes and zero points complemented within their width (``q -> ~q``: ``(~q - ~z) * |s|`` is
+    ``(q - z) * s`` exactly; a block without a zero point gets the complement of 0), a minifloat's
+    sign bit flipped. ``dims`` are the block extents over data of ``shape`` (``()``: one scale).
+    """
+    neg = np.signbit(scales)
+    if not neg.any():
+        return codes, scales, zero
+    mask = neg.reshape(()) if not dims else neg
+    for axis, d in enumerate(dims):
+        mask = np.repeat(mask, d, axis=axis)
+    if dims:
+        mask = mask[tuple(slice(0, n) for n in shape)]
+    if floats:
+        sign = np.uint8(1 << (bits - 1))
+        return np.where(mask, codes ^ sign, codes), np.abs(scales), zero
+    top = (1 << bits) - 1
+    if signed:
+        flip = lambda a: (-1 - a.astype(np.int16)).astype(np.int8)
+    else:
+        flip = lambda a: (top - a.astype(np.int16)).astype(np.uint8)
+    z = np.zeros(scales.shape, codes.dtype) if zero is None else zero
+    return np.where(mask, flip(codes), codes), np.abs(scales), np.where(neg, flip(z), z)

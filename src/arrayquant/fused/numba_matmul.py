@@ -119,8 +119,6 @@ if numba is not None:
         bw = width // wide  # panel bytes per chunk
         half = np.float32(0.5 if mode == _E2M1 else 1.0)  # doubled E2M1 levels: halving the sums is exact
         decode = _ilevels if integer else _levels
-        lv = _ilevel if integer else _level
-        direct = mode < _NIBBLES  # a code per panel element: no level buffer needed for one row
 
         def kernel(panel, eff, aux, x, sx, xsum, run, out):
             m_rows, k = x.shape
@@ -132,24 +130,6 @@ if numba is not None:
                 for q in range(k // run):
                     part[:] = 0
                     for k4 in range(q * run, q * run + run, 4):
-                        if direct and m_rows == 1:  # one row of x: each code converted inside the sums
-                            a0 = panel[c, k4]
-                            a1 = panel[c, k4 + 1]
-                            a2 = panel[c, k4 + 2]
-                            a3 = panel[c, k4 + 3]
-                            x0 = dtype(x[0, k4])
-                            x1 = dtype(x[0, k4 + 1])
-                            x2 = dtype(x[0, k4 + 2])
-                            x3 = dtype(x[0, k4 + 3])
-                            p = part[0]
-                            for j in range(width):
-                                p[j] += (
-                                    lv(a0[j], mode) * x0
-                                    + lv(a1[j], mode) * x1
-                                    + lv(a2[j], mode) * x2
-                                    + lv(a3[j], mode) * x3
-                                )
-                            continue
                         for u in range(4):
                             decode(panel[c, k4 + u], lev[u], mode, bw)
                         l0 = lev[0]

@@ -36,7 +36,7 @@ from ...scheme import QuantMode, QuantScheme, QuantValue
 from ...storage import pack
 from ...tensor import QuantizedTensor
 
-__all__ = ["checked", "decode", "effective_scales", "encode", "opset_for"]
+__all__ = ["checked", "decode", "effective_scales", "encode", "opset_for", "positive_scales"]
 
 _F32_MAX = np.float32(np.finfo(np.float32).max)
 

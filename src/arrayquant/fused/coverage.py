@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..invariants import Plan
 from ..scheme import QuantMode
 
-__all__ = ["layout_reason"]
+__all__ = ["layout_reason", "weight_reason"]
 
 
 def layout_reason(plan: Plan, shape: tuple[int, ...]) -> str:
@@ -31,4 +31,22 @@ def layout_reason(plan: Plan, shape: tuple[int, ...]) -> str:
         return "the packed axis does not exist for this rank"
     if axis is not None and axis != len(shape) - 1:
         return "packing along an axis other than the last is not fused"
+    return ""
+
+
+def weight_reason(plan: Plan, shape: tuple[int, ...]) -> str:
+    """Why the fused matrix products (Numba and CuPy) do not cover a weight ``(N, K)``, or ``""``.
+
+    A 2-d weight, no lookup codebook, minifloats symmetric, and one scale per tensor, per row or per
+    block along K; each kernel module adds what is its own.
+    """
+    if len(shape) != 2:
+        return f"the fused product needs a 2-d weight (N, K), got shape {tuple(shape)}"
+    if plan.scheme.mode is QuantMode.LOOKUP or plan.scheme.codebook is not None:
+        return "lookup codebooks are not fused"
+    if plan.value.is_float and plan.scheme.mode is not QuantMode.SYMMETRIC:
+        return f"{plan.scheme.mode.value} minifloats are not fused"
+    dims = plan.block_dims(tuple(shape))
+    if dims and dims[0] != 1:
+        return "blocks spanning more than the last axis are not fused"
     return ""

@@ -29,6 +29,7 @@ import numpy as np
 from ..invariants import Plan
 from ..kernels.minifloat import FORMATS, decode_table
 from ..scheme import F32_MAX, QuantMode
+from .coverage import weight_reason
 from .cupy_kernels import OPTIONS
 
 __all__ = ["SOURCE", "VERIFIED", "levels", "matmul_t", "supports"]
@@ -93,16 +94,7 @@ def supports(plan: Plan, shape: tuple[int, ...]) -> str:
     str
         ``""`` when covered, else a short reason.
     """
-    if len(shape) != 2:
-        return f"the fused product needs a 2-d weight (N, K), got shape {tuple(shape)}"
-    if plan.scheme.mode is QuantMode.LOOKUP or plan.scheme.codebook is not None:
-        return "lookup codebooks are not fused"
-    if plan.value.is_float and plan.scheme.mode is not QuantMode.SYMMETRIC:
-        return f"{plan.scheme.mode.value} minifloats are not fused"
-    dims = plan.block_dims(tuple(shape))
-    if dims and dims[0] != 1:
-        return "blocks spanning more than the last axis are not fused"
-    return ""
+    return weight_reason(plan, tuple(shape))
 
 
 def levels(plan: Plan) -> np.ndarray:

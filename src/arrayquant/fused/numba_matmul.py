@@ -36,6 +36,7 @@ import numpy as np
 from ..invariants import Plan
 from ..kernels.minifloat import decode_table
 from ..scheme import QuantMode, QuantValue
+from .coverage import weight_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial
 
@@ -222,19 +223,11 @@ def supports(plan: Plan, shape: tuple[int, ...], sums: str = "f32") -> str:
         return "numba is not installed (pip install 'arrayquant[fast]')"
     if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
         return "big-endian machines are not fused"
-    if len(shape) != 2:
-        return f"the fused product needs a 2-d weight (N, K), got shape {tuple(shape)}"
-    mode = plan.scheme.mode
-    if mode is QuantMode.LOOKUP or plan.scheme.codebook is not None:
-        return "lookup codebooks are not fused"
-    if plan.value.is_float:
-        if mode is not QuantMode.SYMMETRIC:
-            return f"{mode.value} minifloats are not fused"
-        if sums == "int8" and plan.value is not QuantValue.E2M1:
-            return f"{plan.value.value} levels are not small integers: the int8 sums cover integer codes and E2M1"
-    dims = plan.block_dims(tuple(shape))
-    if dims and dims[0] != 1:
-        return "blocks spanning more than the last axis are not fused"
+    why = weight_reason(plan, tuple(shape))
+    if why:
+        return why
+    if sums == "int8" and plan.value.is_float and plan.value is not QuantValue.E2M1:
+        return f"{plan.value.value} levels are not small integers: the int8 sums cover integer codes and E2M1"
     axis = plan.packed_axis(2)
     if axis is not None and axis != 1:
         return "packing along an axis other than the last is not fused"

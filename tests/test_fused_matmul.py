@@ -18,10 +18,14 @@ from arrayquant.errors import SchemeError
 from arrayquant.invariants import plan_for
 from arrayquant.ops import linalg
 
+from .matmul_models import EPS
+from .matmul_models import bound as _bound
+from .matmul_models import int8_model as _int8_model
+from .matmul_models import weight as _weight
+
 pytest.importorskip("numba")
 
 F32 = np.float32
-EPS = 2.0**-24
 
 SCHEMES = [
     "q8s",  # one scale per tensor
@@ -45,17 +49,6 @@ SCHEMES = [
 ]
 
 
-def _weight(scheme: str, n: int = 48, k: int = 64, seed: int = 0) -> aq.QuantizedTensor:
-    rng = np.random.default_rng(seed)
-    return aq.quantize(rng.standard_normal((n, k)).astype(F32) * F32(0.1), scheme)
-
-
-def _bound(x: np.ndarray, wd: np.ndarray) -> np.ndarray:
-    """The f32 dot-product error bound: (K + 4) ulps of the sum of |products|, plus the smallest normal."""
-    k = x.shape[-1]
-    return (k + 4) * EPS * (np.abs(x.astype(np.float64)) @ np.abs(wd).T) + 2.0**-126
-
-
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("rows", [1, 5, 32])
 def test_fused_product_is_the_dequantized_product_to_f32_rounding(scheme: str, rows: int) -> None:
@@ -68,32 +61,6 @@ def test_fused_product_is_the_dequantized_product_to_f32_rounding(scheme: str, r
     assert got.shape == (rows, w.shape[0])
     err = np.abs(got.astype(np.float64) - x.astype(np.float64) @ wd.T)
     assert np.all(err <= _bound(x, wd))
-
-
-def _int8_model(x: np.ndarray, w: aq.QuantizedTensor, run: int) -> np.ndarray:
-    """The int8-activation path by its definition, in float64: per run of K, x rounded to int8 at
-    ``max|x| / 127`` (f32 scale) multiplies the codes times their scale; a zero point or offset
-    multiplies the run's exact sum of x. Packed signed 4-bit codes count from 0 (``q + 8``), their
-    zero point raised by 8 (0 + 8 when symmetric)."""
-    m, k = x.shape
-    xs = x.reshape(m, k // run, run)
-    sx = (np.max(np.abs(xs), axis=2) / F32(127)).astype(F32)
-    inv = np.divide(F32(1), sx, out=np.zeros_like(sx), where=sx > 0)
-    xq = np.clip(np.rint(xs * inv[:, :, None]), -127, 127)
-    xd = (xq * sx[:, :, None].astype(np.float64)).reshape(m, k)
-    plan = plan_for(w.scheme)
-    nibbles = plan.bits == 4 and plan.qmin < 0 and not plan.value.is_float
-    if w.zero_point is None and w.offset is None and not nibbles:
-        return xd @ aq.dequantize(w).astype(np.float64).T
-    expand = lambda g: np.repeat(np.asarray(g, np.float64), k // g.shape[1], axis=1)
-    q = np.asarray(w.codes(), np.float64)
-    s = expand(w.scales)
-    if nibbles:
-        z = expand(w.zero_point) if w.zero_point is not None else np.zeros_like(s)
-        return xd @ ((q + 8) * s).T - x.astype(np.float64) @ ((z + 8) * s).T
-    if w.zero_point is not None:
-        return xd @ (q * s).T - x.astype(np.float64) @ (expand(w.zero_point) * s).T
-    return xd @ (q * s).T + x.astype(np.float64) @ expand(w.offset).T
 
 
 @pytest.mark.parametrize(

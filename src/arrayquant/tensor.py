@@ -185,6 +185,10 @@ class QuantizedTensor:
         )
 
 
+# the scheme of a 2-d tensor's transpose by (scheme, shape): planning it costs more than the product of a small matrix
+_T_SCHEMES: dict[tuple[Any, tuple[int, ...]], Any] = {}
+
+
 class _Transposed(QuantizedTensor):
     """``w.T`` of a 2-d tensor ``w``: a layout flag, not a copy.
 
@@ -204,7 +208,12 @@ class _Transposed(QuantizedTensor):
         view = object.__new__(cls)
         fields = view.__dict__
         # the transpose's scheme (block dims and packed axis swapped), planned without moving any data
-        fields["scheme"] = _ops().manipulation._plan_matrix_transpose(source).scheme
+        key = (source.scheme, source.shape)
+        if key not in _T_SCHEMES:
+            if len(_T_SCHEMES) >= 256:  # a bound, not an eviction policy: weights come in few schemes
+                _T_SCHEMES.clear()
+            _T_SCHEMES[key] = _ops().manipulation._plan_matrix_transpose(source).scheme
+        fields["scheme"] = _T_SCHEMES[key]
         fields["dtype"] = source.dtype
         fields["shape"] = (source.shape[1], source.shape[0])
         fields["_source"] = source

@@ -27,6 +27,7 @@ order, so results do not depend on the thread count.
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from typing import Any
@@ -39,12 +40,12 @@ from ..scheme import QuantMode, QuantValue
 from .coverage import weight_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial
+from .numba_simd import Field, activations, available, chunk, kernels
 
-__all__ = ["SUMS", "matmul_t", "supports"]
+__all__ = ["SUMS", "matmul_t", "remember", "shortcut", "supports"]
 
 SUMS = ("f32", "int8")
 _F32_MAX = float(np.finfo(np.float32).max)
-_ROWS = 16  # rows of W per parallel task
 _SEGMENT = 256  # the longest run of K that shares one activation scale on the int8 path
 
 # How a panel field becomes its level (before the scale): one field per element or two nibbles per
@@ -221,6 +222,11 @@ def supports(plan: Plan, shape: tuple[int, ...], sums: str = "f32") -> str:
     """
     if numba is None:
         return "numba is not installed (pip install 'arrayquant[fast]')"
+    return _supports(plan, tuple(int(v) for v in shape), sums)
+
+
+@functools.lru_cache(maxsize=256)
+def _supports(plan: Plan, shape: tuple[int, ...], sums: str) -> str:
     if sys.byteorder != "little":  # pragma: no cover - no big-endian CI machine
         return "big-endian machines are not fused"
     why = weight_reason(plan, tuple(shape))
@@ -281,14 +287,15 @@ def _may_overflow(plan: Plan, eff: np.ndarray, aux: np.ndarray) -> bool:
     return not np.isfinite(top) or top * span > _F32_MAX * (1 - 2.0**-20)
 
 
-def _quantize_rows(x: np.ndarray, run: int) -> tuple[np.ndarray, np.ndarray]:
-    """int8 codes of ``x`` per ``run``-long segment of each row and their f32 scales ``max|x| / 127``."""
+def _prepare(x: np.ndarray, run: int, integer: bool, nibbles: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(xs, sx, xsum)`` for the kernels: ``x`` as the kernel reads it (see :func:`.numba_simd.activations`; ``x``
+    itself for f32 sums of byte rows), the per-run int8 scales (ones for f32 sums), the per-run sums of ``x``."""
     m, k = x.shape
-    xs = x.reshape(m, k // run, run)
-    sx = (np.max(np.abs(xs), axis=2) / np.float32(127)).astype(np.float32)
-    inv = np.divide(np.float32(1), sx, out=np.zeros_like(sx), where=sx > 0)
-    xq = np.clip(np.rint(xs * inv[:, :, None]), -127, 127).astype(np.int8).reshape(m, k)
-    return xq, sx
+    xs = np.empty((m, k), np.int8 if integer else np.float32) if integer or nibbles else x
+    sx = np.empty((m, k // run), np.float32) if integer else np.ones((m, k // run), np.float32)
+    xsum = np.empty((m, k // run), np.float32)
+    activations(x, run, integer, nibbles and xs is not x, np.float32(1), xs, sx, xsum)
+    return xs, sx, xsum
 
 
 def _width(n: int) -> int:
@@ -393,21 +400,190 @@ def matmul_t(x: np.ndarray, qt: Any, plan: Plan, sums: str = "f32") -> np.ndarra
     n, k = (int(v) for v in qt.shape)
     if supports(plan, (n, k), sums) or x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != k:
         return None
+    x = np.ascontiguousarray(x)
+    if SIMD and _simd_field(plan, sums, (n, k)) is not None:
+        rows = _rows(qt, plan)
+        if rows is not None:
+            return _simd_product(x, rows, plan, sums)
     built = _panel(qt, plan)
     if built is None:
         return None
     panel, eff, aux, run, width = built
     mode = _mode(plan)
-    affine = {QuantMode.ZERO_POINT: _ZERO, QuantMode.OFFSET: _OFFSET}.get(plan.scheme.mode, _SYM)
+    affine = _affine(plan)
     if mode == _I4:  # stored unsigned in the panel, the zero point raised by 8 (see _panel)
         mode, affine = _U4, _ZERO
     m = x.shape[0]
-    x = np.ascontiguousarray(x)
-    xsum = x.reshape(m, k // run, run).sum(axis=2, dtype=np.float32)
-    if sums == "f32":
-        xs, sx = x, np.ones((m, k // run), np.float32)
-    else:
-        xs, sx = _quantize_rows(x, run)
+    xs, sx, xsum = _prepare(x, run, sums == "int8", False)
     out = np.empty((m, n), np.float32)
     launch(_kernels(mode, affine, sums == "int8", width), n * k, panel, eff, aux, xs, sx, xsum, run, out)
+    return out
+
+
+def _affine(plan: Plan) -> int:
+    return {QuantMode.ZERO_POINT: _ZERO, QuantMode.OFFSET: _OFFSET}.get(plan.scheme.mode, _SYM)
+
+
+# Whether the row kernels of :mod:`.numba_simd` serve the weights they cover (x86 with AVX2 and FMA);
+# else, and for what they leave (E4M3 / E5M2 levels, K or runs that do not fit their 32-byte steps,
+# 8-bit unsigned codes with int8 sums), the panel kernels above.
+SIMD = available()
+
+
+def _simd_field(plan: Plan, sums: str, shape: tuple[int, int]) -> tuple[Field, int] | None:
+    """The row kernel's field for ``plan`` and the bias it adds to each code (the affine term takes it off),
+    or None where the row kernels do not apply."""
+    k = shape[1]
+    if plan.value in (QuantValue.E4M3, QuantValue.E5M2):
+        return None
+    signed = plan.qmin < 0
+    if plan.value is QuantValue.E2M1:
+        field, bias = Field(nibbles=True, table=True, signed=True, flip=0), 0
+    elif plan.bits == 4 and _packed(plan):
+        if signed and sums == "int8":  # as q + 8, the zero point raised by 8 (the int8 path's definition)
+            field, bias = Field(nibbles=True, table=False, signed=False, flip=0x88), 8
+        else:
+            field, bias = Field(nibbles=True, table=False, signed=signed, flip=0x88 if signed else 0), 0
+    elif sums == "int8" and plan.qmax > 127:  # the unsigned-by-signed byte multiply could saturate
+        return None
+    else:
+        field, bias = Field(nibbles=False, table=False, signed=signed, flip=0), 0
+    step, run = chunk(field.nibbles), min(_block(plan, shape), _SEGMENT)
+    if k % step or (run % step and step % run):
+        return None
+    return field, bias
+
+
+class _Rows:
+    """A weight as the row kernels read it: its bytes row by row, scales per run, and per sum kind the
+    kernel and affine terms (``calls``: once a product ran, later ones reuse them)."""
+
+    def __init__(self, data: np.ndarray, eff: np.ndarray, second: np.ndarray | None, run: int, affine: int) -> None:
+        self.data, self.eff, self.second, self.run, self.affine = data, eff, second, run, affine
+        self.calls: dict[str, tuple[tuple[Any, Any], np.ndarray]] = {}
+
+    def aux(self, bias: int) -> np.ndarray | None:
+        """Per run, what multiplies the run's sum of x: ``-(z + bias) * s``, ``offset - bias * s``, or
+        ``-bias * s`` when symmetric (None when that is zero)."""
+        e, z, f32 = self.eff, self.second, np.float32
+        if self.affine == _ZERO:
+            assert z is not None
+            a = -(z + f32(bias)) * e
+        elif self.affine == _OFFSET:
+            assert z is not None
+            a = z - f32(bias) * e
+        elif bias:
+            a = -f32(bias) * e
+        else:
+            return None
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    def call(self, plan: Plan, sums: str) -> tuple[tuple[Any, Any], np.ndarray]:
+        """The kernel pair and its ``aux`` operand for ``sums`` (see :func:`.numba_simd.kernels`)."""
+        if sums not in self.calls:
+            got = _simd_field(plan, sums, (self.data.shape[0], self.eff.shape[1] * self.run))
+            assert got is not None
+            field, bias = got
+            aux = self.aux(bias)
+            span = self.run if self.run <= chunk(field.nibbles) else 0
+            kernel = kernels(field, sums == "int8", span, aux is not None)
+            self.calls[sums] = (kernel, _NONE if aux is None else aux)
+        return self.calls[sums]
+
+
+# the row layouts built so far, one per weight while it lives (as _PANELS)
+_ROWS: weakref.WeakKeyDictionary[Any, _Rows] = weakref.WeakKeyDictionary()
+
+
+def _rows(qt: Any, plan: Plan) -> _Rows | None:
+    """The weight's stored bytes as rows (no copy where they are C-contiguous), or None.
+
+    Packed 4-bit fields keep their bytes (E2M1 codes stored a byte each are packed two to a byte);
+    8-bit codes keep theirs; other widths take a byte per code from ``qt.codes()``.
+    """
+    if qt in _ROWS:
+        return _ROWS[qt]
+    n, k = (int(v) for v in qt.shape)
+    if not isinstance(qt.values, np.ndarray):
+        return None
+    grids = _grids(qt, plan, n)
+    if grids is None or _may_overflow(plan, *grids):
+        return None
+    eff, second = grids
+    if plan.bits == 8 or (plan.bits == 4 and (_packed(plan) or plan.value is QuantValue.E2M1)):
+        raw = as_bytes(qt.values, plan, (n, k))
+        if raw is None:
+            return None
+        if plan.bits == 8:
+            data = raw[:, :k]
+        elif _packed(plan):
+            data = raw
+        else:  # E2M1 codes a byte each: two to a byte, the first in the low nibble
+            data = (raw[:, 0:k:2] & 15) | ((raw[:, 1:k:2] & 15) << 4)
+    else:
+        data = np.asarray(qt.codes()).view(np.uint8)
+    b = _block(plan, (n, k))
+    run = min(b, _SEGMENT)
+    per_run = lambda g: np.ascontiguousarray(np.repeat(g, b // run, axis=1), dtype=np.float32)
+    affine = _affine(plan)
+    built = _Rows(np.ascontiguousarray(data), per_run(eff), per_run(second) if affine != _SYM else None, run, affine)
+    _ROWS[qt] = built
+    return built
+
+
+_NONE = np.zeros((1, 1), np.float32)  # the operand a kernel variant does not read
+
+
+def _simd_product(x: np.ndarray, rows: _Rows, plan: Plan, sums: str) -> np.ndarray:
+    """``x @ W.T`` by the row kernels (see :mod:`.numba_simd`); ``x`` C-contiguous."""
+    kernel, aux = rows.call(plan, sums)
+    n, k = rows.data.shape[0], x.shape[1]
+    out = np.empty((x.shape[0], n), np.float32)
+    launch(kernel, n * k, rows.data, rows.eff, aux, x, out)
+    return out
+
+
+# what the checks of a product decided, kept per weight: {path: sums} (see :func:`remember`)
+_DECIDED: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def remember(qt: Any, path: str, sums: str) -> None:
+    """Note that ``matmul(x, qt.T, path=path)`` with a float32 NumPy ``x`` took the row kernels summing
+    ``sums``: later products with the same weight and path skip the checks (:func:`shortcut`)."""
+    rows = _ROWS.get(qt)
+    if rows is not None and sums in rows.calls:
+        _DECIDED.setdefault(qt, {})[path] = sums
+
+
+def shortcut(x: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
+    """``x @ qt.T`` by the row kernels when an earlier product with ``qt`` and ``path`` took them
+    (:func:`remember`) and ``x`` is again a C-contiguous float32 NumPy matrix (at most ``rows_limit``
+    rows for ``path="auto"``), else None (the caller then runs every check). A product of a small
+    matrix costs less than the checks (a tenth of a millisecond with the cache cold), so the decision
+    is kept: the weight is immutable, and what else it rests on is checked again here."""
+    decided = _DECIDED.get(qt)
+    sums = decided.get(path) if decided else None
+    if (
+        sums is None
+        or not SIMD
+        or type(x) is not np.ndarray
+        or x.dtype != np.float32
+        or x.ndim != 2
+        or x.shape[1] != qt.shape[1]
+        or not x.flags.c_contiguous
+        or (path == "auto" and x.shape[0] > rows_limit)
+    ):
+        return None
+    from . import available as fused_on
+
+    if not fused_on():
+        return None
+    rows = _ROWS[qt]
+    kernel, aux = rows.calls[sums]
+    n = rows.data.shape[0]
+    try:
+        out = np.empty((x.shape[0], n), np.float32)
+    except MemoryError:  # the checked path says so as a ShapeError
+        return None
+    launch(kernel, n * x.shape[1], rows.data, rows.eff, aux, x, out)
     return out

@@ -58,6 +58,7 @@ FUSED_ROWS = 32
 
 # an f32 holds every integer up to 2^24 exactly, an int32 every integer below 2^31
 _F32_EXACT = 1 << 24
+_ROW_PATHS = ("auto", "fused", "fused_int8")  # the paths a product may take straight to the row kernels
 _INT32_LIMIT = (1 << 31) - 1
 
 
@@ -113,6 +114,14 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
     >>> linalg.matmul_path(x, t), linalg.matmul(x, t).tolist()
     ('ternary', [[2.0, -1.0]])
     """
+    w = stored_transpose(b)
+    if w is not None and propagation == "inhibit" and path in _ROW_PATHS:
+        from ..fused import numba_matmul
+
+        # a product like one before (same weight and path, float32 NumPy x): the checks' answer is kept
+        quick = numba_matmul.shortcut(a, w, path, FUSED_ROWS)
+        if quick is not None:
+            return quick
     prop = check_propagation(propagation)
     if not isinstance(path, str) or path not in PATHS:
         msg = f"path must be one of {', '.join(map(repr, PATHS))}, got {path!r}"
@@ -133,6 +142,10 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
     out = allocating(run, f"the result of matmul {list(shape)}")
     if out is None:  # the fused kernel declined (scales whose products could pass the f32 maximum)
         out = allocating(lambda: _reference(a, b), f"the result of matmul {list(shape)}")
+    elif w is not None and chosen in ("fused", "fused_int8") and path in _ROW_PATHS:
+        from ..fused import numba_matmul
+
+        numba_matmul.remember(w, path, "int8" if chosen == "fused_int8" else "f32")
     if prop == "propagate" and chosen != "ternary":
         return requantize(out, b if isinstance(b, QuantizedTensor) else a)
     return out
@@ -227,20 +240,22 @@ def _choose(a: Any, b: Any, path: str) -> str:
     """The path to take; a forced path that does not apply is a SchemeError saying why."""
     if path == "reference":
         return path
-    reasons = {
-        "ternary": _ternary_reason(a, b),
-        "int8": _int8_reason(a, b),
-        "fused": _fused_reason(a, b, "f32"),
-        "fused_int8": _fused_reason(a, b, "int8"),
+    why = {
+        "ternary": lambda: _ternary_reason(a, b),
+        "int8": lambda: _int8_reason(a, b),
+        "fused": lambda: _fused_reason(a, b, "f32"),
+        "fused_int8": lambda: _fused_reason(a, b, "int8"),
     }
+    if path != "auto":  # a forced path: its own reason only (the others are asked when it does not apply)
+        reason = why[path]()
+        if not reason:
+            return path
     operands = _fused_operands(a, b)
     few = operands is not None and operands[3] <= FUSED_ROWS
-    auto = next((p for p in ("ternary", "int8", "fused") if not reasons[p] and (p != "fused" or few)), "reference")
+    auto = next((p for p in ("ternary", "int8", "fused") if (p != "fused" or few) and not why[p]()), "reference")
     if path == "auto":
         return auto
-    if not reasons[path]:
-        return path
-    msg = f"path={path!r} does not apply: {reasons[path]}; path={auto!r} does (or path='auto')"
+    msg = f"path={path!r} does not apply: {reason}; path={auto!r} does (or path='auto')"
     raise SchemeError(msg)
 
 

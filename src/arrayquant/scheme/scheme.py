@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -187,10 +188,7 @@ class QuantScheme:
 
     # -- text form ----------------------------------------------------------------------------
     def __str__(self) -> str:
-        for name, make in PRESETS.items():
-            if name not in _ALIASES and make() == self:
-                return name
-        return self.spelled_out()
+        return _text(self)
 
     def spelled_out(self) -> str:
         """The text form token by token, even for a preset (which ``str`` names).
@@ -331,7 +329,19 @@ PRESETS = {
     "iq4_nl": lambda: QuantScheme.parse("q4f:block32:f16:lookup:iq4nl"),
     "iq4_xs": lambda: QuantScheme.parse("q4f:block32:f32:lookup:iq4nl"),
 }
+
+
 # accepted by parse, never printed: str() keeps the spelled-out form for these schemes
+@functools.lru_cache(maxsize=512)
+def _text(scheme: QuantScheme) -> str:
+    """A scheme's text form: its preset's name where it is one, else :meth:`QuantScheme.spelled_out` (cached:
+    naming a preset builds every preset, and messages and reprs ask often)."""
+    for name, make in PRESETS.items():
+        if name not in _ALIASES and make() == scheme:
+            return name
+    return scheme.spelled_out()
+
+
 _ALIASES = frozenset(
     {"q8_0", "q4_0", "tq2_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"}
 )

@@ -8,6 +8,8 @@ the panel kernels, which serve CPUs without AVX2, give the same answer within th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -166,11 +168,16 @@ def test_a_repeated_product_takes_the_kept_decision_and_only_when_it_holds() -> 
     w = _fresh("q4s:block32", 128)
     x = np.random.default_rng(6).standard_normal((2, 128)).astype(F32)
     first = x @ w.T
-    assert numba_matmul._DECIDED[w] == {"auto": "f32"}
+    assert numba_matmul._ROWS[w].decided == {"auto": "f32"}
     assert np.array_equal(numba_matmul.shortcut(x, w, "auto", linalg.FUSED_ROWS), first)
     assert np.array_equal(x @ w.T, first)
+    # the stored layout written the other way: the same decision, the same kernel
+    assert np.array_equal(numba_matmul.shortcut_t(np.ascontiguousarray(x.T), w, "auto", 32), first.T)
+    assert np.array_equal(w @ x.T, first.T)
+    assert np.array_equal(w @ x[1], first[1])  # a vector: the checked path
+    assert numba_matmul.shortcut_t(x[1], w, "auto", 32) is None
     eight = aq.matmul(x, w.T, path="fused_int8")
-    assert numba_matmul._DECIDED[w] == {"auto": "f32", "fused_int8": "int8"}
+    assert numba_matmul._ROWS[w].decided == {"auto": "f32", "fused_int8": "int8"}
     assert np.array_equal(aq.matmul(x, w.T, path="fused_int8"), eight)
     # what the decision rests on is checked again
     assert numba_matmul.shortcut(x.astype(np.float64), w, "auto", 32) is None
@@ -206,3 +213,38 @@ def test_available_follows_a_chosen_compile_target(monkeypatch: pytest.MonkeyPat
     assert numba_simd.available()
     monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx2")
     assert not numba_simd.available()
+
+
+@pytest.mark.parametrize("scheme", ["q4s:block32", "u4:block32:zero_point", "nvfp4", "q8s:block64", "q6_k"])
+@pytest.mark.parametrize("path", ["fused", "fused_int8"])
+def test_a_row_does_not_depend_on_the_rows_beside_it(scheme: str, path: str) -> None:
+    # rows of x go through the kernels four or two at a time, the rest one by one: the same sums each way
+    w = _fresh(scheme, 256)
+    x = np.random.default_rng(7).standard_normal((7, 256)).astype(F32)
+    batch = aq.matmul(x, w.T, path=path)
+    for i in range(7):
+        assert np.array_equal(aq.matmul(x[i : i + 1], w.T, path=path)[0], batch[i])
+
+
+def test_the_row_kernels_load_from_the_disk_cache(tmp_path: Path) -> None:
+    # a kernel's closure holds plain numbers (its variant code), so numba's cache finds it in a new process
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, arrayquant as aq\n"
+        "from arrayquant.fused import numba_matmul\n"
+        "w = aq.quantize(np.ones((16, 64), np.float32), 'q4s:block32')\n"
+        "aq.matmul(np.ones((1, 64), np.float32), w.T, path='fused_int8')\n"
+        "kernel = numba_matmul._ROWS[w].calls['int8'][0][1]\n"
+        "print(sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values()))\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "ARRAYQUANT_THREADS": "1"}
+    runs = [
+        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    first, second = (tuple(int(v) for v in r.stdout.split()) for r in runs)
+    assert first == (0, 1)  # compiled and written
+    assert second == (1, 0)  # read back

@@ -2,7 +2,9 @@
 
 Every row times ``y = x @ W.T`` for a ``GEMV_SIZE``-square weight after the last-level cache has
 been overwritten (a 64 MiB buffer written between calls, not timed), so each call reads its weight
-from memory as a decoder does once per token. Beside arrayquant's fused kernels, in the same run:
+from memory as a decoder does once per token. The rows of one batch are timed in rounds, one call of
+each per round, so a slow spell of a shared machine slows them all and their ratios stay fair.
+Beside arrayquant's fused kernels, in the same run:
 NumPy's f32 product (the baseline), onnxruntime's ``MatMulNBits`` (4-bit, block 32, accuracy levels
 0 and 4, the weight packed by arrayquant's own MatMulNBits writer) and torch's
 ``_weight_int8pack_mm`` (int8 weight per row, bf16 activations) where installed. Each row's error is
@@ -40,18 +42,17 @@ GEMV_SCHEMES = (
 _FLUSH_BYTES = 64 << 20  # twice this machine class's last-level cache
 
 
-def _cold(fn: Callable[[], Any], repeat: int, flush: np.ndarray) -> tuple[list[float], float]:
-    """Seconds of ``repeat`` calls, each after the cache was overwritten; and the first call's (compilation)."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    times = []
+def _interleaved(fns: list[Callable[[], Any]], repeat: int, flush: np.ndarray) -> list[list[float]]:
+    """Seconds of ``repeat`` rounds of calls, one call of each ``fns`` per round, each after the cache was
+    overwritten: every row meets the same slow spells of a shared machine, so their ratios hold."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeat):
-        flush += 1
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times, first
+        for fn, got in zip(fns, times, strict=True):
+            flush += 1
+            t0 = time.perf_counter()
+            fn()
+            got.append(time.perf_counter() - t0)
+    return times
 
 
 def _stored_layout(qt: Any, xt: np.ndarray) -> Any:
@@ -114,23 +115,27 @@ def gemv_cases(b: Bench, log: Callable[[str], None]) -> None:
     w = rng.standard_normal((n, n), dtype=np.float32) * np.float32(0.05)
     flush = np.zeros(_FLUSH_BYTES // 8)
 
-    def row(case: str, fn: Callable[[], Any], base: Result | None, oracle: np.ndarray, weight_mib: float) -> Result:
-        times, first = _cold(fn, b.repeat, flush)
-        r = Result(case, "gemv", "gemv", times, 0.0, 0.0, first_s=first)
+    pending: list[Result] = []
+    calls: list[Callable[[], Any]] = []
+
+    def row(case: str, fn: Callable[[], Any], oracle: np.ndarray, weight_mib: float) -> None:
+        """Add a row: its first call (compilation) and error now, its times with the batch's other rows."""
+        t0 = time.perf_counter()
+        y = fn()
+        r = Result(case, "gemv", "gemv", [], 0.0, 0.0, first_s=time.perf_counter() - t0)
         r.weight_mib = weight_mib
-        r.check = f"{_error(fn(), oracle):.1e}"
-        if base is not None:
-            r.vs_numpy = statistics.median(base.times_s) / statistics.median(times)
-        b.results.append(r)
-        return r
+        r.check = f"{_error(y, oracle):.1e}"
+        pending.append(r)
+        calls.append(fn)
 
     for batch in GEMV_BATCHES:
         x = rng.standard_normal((batch, n), dtype=np.float32)
         x64 = x.astype(np.float64)
-        base = row(
+        pending.clear()
+        calls.clear()
+        row(
             f"numpy f32 x @ W.T  b{batch}",
             functools.partial(np.matmul, x, w.T),
-            None,
             x64 @ w.T.astype(np.float64),
             w.nbytes / 2**20,
         )
@@ -142,10 +147,10 @@ def gemv_cases(b: Bench, log: Callable[[str], None]) -> None:
                 mib = qt.nbytes / 2**20
                 for path in paths:
                     fn = functools.partial(linalg.matmul, x, qt.T, path=path)
-                    row(f"{scheme} {path} b{batch}", fn, base, oracle, mib)
+                    row(f"{scheme} {path} b{batch}", fn, oracle, mib)
                 # the stored layout written the other way: (w @ x.T).T, the same kernel
                 stored = functools.partial(_stored_layout, qt, np.ascontiguousarray(x.T))
-                row(f"{scheme} (w @ x.T).T b{batch}", stored, base, oracle, mib)
+                row(f"{scheme} (w @ x.T).T b{batch}", stored, oracle, mib)
             except Exception as exc:  # report, go on with the others
                 b.unavailable[f"gemv {scheme} b{batch}"] = reason(exc)
             log(f"gemv {scheme} b{batch} done")
@@ -157,7 +162,6 @@ def gemv_cases(b: Bench, log: Callable[[str], None]) -> None:
                 row(
                     f"onnxruntime MatMulNBits q4/32 L{level} b{batch}",
                     functools.partial(_first, fn),
-                    base,
                     oracle,
                     q4.nbytes / 2**20,
                 )
@@ -176,9 +180,14 @@ def gemv_cases(b: Bench, log: Callable[[str], None]) -> None:
             row(
                 f"torch int8pack_mm bf16 b{batch}",
                 functools.partial(_as_numpy, fn),
-                base,
                 oracle,
                 (w8.nbytes + 2 * n) / 2**20,
             )
         except Exception as exc:
             b.unavailable["torch _weight_int8pack_mm"] = reason(exc)
+        log(f"gemv b{batch}: timing {len(calls)} rows, {b.repeat} rounds")
+        for r, times in zip(pending, _interleaved(calls, b.repeat, flush), strict=True):
+            r.times_s = times
+            if r is not pending[0]:
+                r.vs_numpy = statistics.median(pending[0].times_s) / statistics.median(times)
+            b.results.append(r)

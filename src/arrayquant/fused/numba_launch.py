@@ -12,6 +12,8 @@ import threading
 import types
 from typing import Any
 
+from .threads import planned
+
 __all__ = ["LOCK", "launch", "numba", "parallel_and_serial"]
 
 
@@ -35,8 +37,6 @@ def launch(kernels: tuple[Any, Any], elements: int, *args: Any) -> Any:
     On one thread (:func:`threads.planned`) the serial one runs with no lock: it never touches
     numba's thread pool, so Python threads (dask's threaded scheduler) may run it side by side.
     """
-    from .threads import planned
-
     n = planned(elements)
     if n == 1:
         return kernels[1](*args)

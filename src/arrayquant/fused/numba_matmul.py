@@ -37,12 +37,13 @@ import numpy as np
 from ..invariants import Plan
 from ..kernels.minifloat import decode_table
 from ..scheme import QuantMode, QuantValue
+from . import available as fused_on
 from .coverage import weight_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial
 from .numba_simd import Field, activations, available, chunk, kernels
 
-__all__ = ["SUMS", "matmul_t", "remember", "shortcut", "supports"]
+__all__ = ["SUMS", "matmul_t", "remember", "shortcut", "shortcut_t", "supports"]
 
 SUMS = ("f32", "int8")
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -461,21 +462,13 @@ class _Rows:
     def __init__(self, data: np.ndarray, eff: np.ndarray, second: np.ndarray | None, run: int, affine: int) -> None:
         self.data, self.eff, self.second, self.run, self.affine = data, eff, second, run, affine
         self.calls: dict[str, tuple[tuple[Any, Any], np.ndarray]] = {}
+        self.decided: dict[str, str] = {}  # what the checks of a product decided: {path: sums} (remember)
 
-    def aux(self, bias: int) -> np.ndarray | None:
-        """Per run, what multiplies the run's sum of x: ``-(z + bias) * s``, ``offset - bias * s``, or
-        ``-bias * s`` when symmetric (None when that is zero)."""
+    def aux(self, bias: int) -> np.ndarray:
+        """Per run, what multiplies the run's sum of x: ``-(z + bias) * s`` or ``offset - bias * s``."""
         e, z, f32 = self.eff, self.second, np.float32
-        if self.affine == _ZERO:
-            assert z is not None
-            a = -(z + f32(bias)) * e
-        elif self.affine == _OFFSET:
-            assert z is not None
-            a = z - f32(bias) * e
-        elif bias:
-            a = -f32(bias) * e
-        else:
-            return None
+        assert z is not None
+        a = -(z + f32(bias)) * e if self.affine == _ZERO else z - f32(bias) * e
         return np.ascontiguousarray(a, dtype=np.float32)
 
     def call(self, plan: Plan, sums: str) -> tuple[tuple[Any, Any], np.ndarray]:
@@ -484,9 +477,12 @@ class _Rows:
             got = _simd_field(plan, sums, (self.data.shape[0], self.eff.shape[1] * self.run))
             assert got is not None
             field, bias = got
-            aux = self.aux(bias)
             span = self.run if self.run <= chunk(field.nibbles) else 0
-            kernel = kernels(field, sums == "int8", span, aux is not None)
+            if self.affine == _SYM:  # -bias * s: the kernel takes it from the scales (no array to read)
+                kernel, aux = kernels(field, sums == "int8", span, float(-bias) if bias else None), None
+            else:
+                aux = self.aux(bias)
+                kernel = kernels(field, sums == "int8", span, 0.0)
             self.calls[sums] = (kernel, _NONE if aux is None else aux)
         return self.calls[sums]
 
@@ -543,16 +539,12 @@ def _simd_product(x: np.ndarray, rows: _Rows, plan: Plan, sums: str) -> np.ndarr
     return out
 
 
-# what the checks of a product decided, kept per weight: {path: sums} (see :func:`remember`)
-_DECIDED: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
-
-
 def remember(qt: Any, path: str, sums: str) -> None:
     """Note that ``matmul(x, qt.T, path=path)`` with a float32 NumPy ``x`` took the row kernels summing
     ``sums``: later products with the same weight and path skip the checks (:func:`shortcut`)."""
     rows = _ROWS.get(qt)
     if rows is not None and sums in rows.calls:
-        _DECIDED.setdefault(qt, {})[path] = sums
+        rows.decided[path] = sums
 
 
 def shortcut(x: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
@@ -561,8 +553,8 @@ def shortcut(x: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
     rows for ``path="auto"``), else None (the caller then runs every check). A product of a small
     matrix costs less than the checks (a tenth of a millisecond with the cache cold), so the decision
     is kept: the weight is immutable, and what else it rests on is checked again here."""
-    decided = _DECIDED.get(qt)
-    sums = decided.get(path) if decided else None
+    rows = _ROWS.get(qt)
+    sums = rows.decided.get(path) if rows is not None else None
     if (
         sums is None
         or not SIMD
@@ -572,13 +564,10 @@ def shortcut(x: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
         or x.shape[1] != qt.shape[1]
         or not x.flags.c_contiguous
         or (path == "auto" and x.shape[0] > rows_limit)
+        or not fused_on()
     ):
         return None
-    from . import available as fused_on
-
-    if not fused_on():
-        return None
-    rows = _ROWS[qt]
+    assert rows is not None
     kernel, aux = rows.calls[sums]
     n = rows.data.shape[0]
     try:
@@ -587,3 +576,12 @@ def shortcut(x: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
         return None
     launch(kernel, n * x.shape[1], rows.data, rows.eff, aux, x, out)
     return out
+
+
+def shortcut_t(xt: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
+    """``qt @ xt`` for a 2-d float32 NumPy ``xt`` ``(K, M)`` as :func:`shortcut` does ``xt.T @ qt.T``
+    (the result is its transpose), else None."""
+    if type(xt) is not np.ndarray or xt.ndim != 2:
+        return None
+    y = shortcut(np.ascontiguousarray(xt.T), qt, path, rows_limit)
+    return None if y is None else y.T

@@ -59,6 +59,7 @@ FUSED_ROWS = 32
 # an f32 holds every integer up to 2^24 exactly, an int32 every integer below 2^31
 _F32_EXACT = 1 << 24
 _ROW_PATHS = ("auto", "fused", "fused_int8")  # the paths a product may take straight to the row kernels
+_RUNNING: list[Any] = []  # the fused CPU module once a product ran there (no import on the quick path)
 _INT32_LIMIT = (1 << 31) - 1
 
 
@@ -114,12 +115,15 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
     >>> linalg.matmul_path(x, t), linalg.matmul(x, t).tolist()
     ('ternary', [[2.0, -1.0]])
     """
-    w = stored_transpose(b)
-    if w is not None and propagation == "inhibit" and path in _ROW_PATHS:
-        from ..fused import numba_matmul
-
+    # x @ w.T, or w @ x with w as stored (then the product comes back transposed)
+    w, flip = stored_transpose(b), False
+    if w is None and isinstance(a, QuantizedTensor) and stored_transpose(a) is None:
+        w, flip = a, True
+    if w is not None and propagation == "inhibit" and path in _ROW_PATHS and _RUNNING:
         # a product like one before (same weight and path, float32 NumPy x): the checks' answer is kept
-        quick = numba_matmul.shortcut(a, w, path, FUSED_ROWS)
+        quick = (
+            _RUNNING[0].shortcut(a, w, path, FUSED_ROWS) if not flip else _RUNNING[0].shortcut_t(b, w, path, FUSED_ROWS)
+        )
         if quick is not None:
             return quick
     prop = check_propagation(propagation)
@@ -146,6 +150,7 @@ def matmul(a: Any, b: Any, *, propagation: str = "inhibit", path: str = "auto") 
         from ..fused import numba_matmul
 
         numba_matmul.remember(w, path, "int8" if chosen == "fused_int8" else "f32")
+        _RUNNING[:] = [numba_matmul]
     if prop == "propagate" and chosen != "ternary":
         return requantize(out, b if isinstance(b, QuantizedTensor) else a)
     return out

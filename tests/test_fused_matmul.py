@@ -193,3 +193,27 @@ def test_the_kernel_declines_what_it_does_not_cover() -> None:
     assert (
         numba_matmul.supports(plan, (48, 64, 1)) == "the fused product needs a 2-d weight (N, K), got shape (48, 64, 1)"
     )
+
+
+def test_without_numba_the_product_takes_the_reference() -> None:
+    # the kernel modules import without numba and say why they do not apply
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import numpy as np, arrayquant as aq\n"
+        "from arrayquant.fused import numba_matmul, numba_simd\n"
+        "from arrayquant.invariants import plan_for\n"
+        "w = aq.quantize(np.eye(64, dtype=np.float32)[:16], 'q4s:block32')\n"
+        "x = np.arange(64, dtype=np.float32).reshape(1, 64)\n"
+        "assert aq.ops.matmul_path(x, w.T) == 'reference'\n"
+        "assert not numba_simd.available()\n"
+        "print(numba_matmul.supports(plan_for(w.scheme), (16, 64)))\n"
+        "print((x @ w.T)[0, :4].tolist(), (w @ x.T)[:4, 0].tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "numba is not installed (pip install 'arrayquant[fast]')",
+        "[0.0, 1.0, 2.0, 3.0] [0.0, 1.0, 2.0, 3.0]",
+    ]

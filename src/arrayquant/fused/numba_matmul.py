@@ -1,12 +1,18 @@
 """Quantized matrix products fused in Numba: ``y = x @ W.T`` from W's codes, never its float values.
 
 ``W`` is a 2-d ``(N, K)`` weight stored as a linear layer keeps it (blocks and packing along K),
-``x`` a float32 ``(M, K)`` batch of activations. Once per weight (and kept while the weight lives)
-the codes are laid out column by column, as onnxruntime and llama.cpp repack a weight before use
-(:func:`_panel`); then each task owns a chunk of output rows and walks K in runs that share one
-scale: per run, each column's codes are decoded to their levels and added, times ``x[m, k]``, to
-the chunk's partial sums, which the run's scale (zero point, offset) then folds into the output.
-The levels are read once per call and reused by every row of ``x``. Two ways to sum:
+``x`` a float32 ``(M, K)`` batch of activations. Two kernel families compute it:
+
+* the **row kernels** of :mod:`.numba_simd` (x86 with AVX2 and FMA: :data:`SIMD`), reading each
+  row's stored bytes (:func:`_rows`) for the weights they cover (:func:`_simd_field`);
+* the **panel kernels** here, for the rest and for other CPUs: once per weight (and kept while the
+  weight lives) the codes are laid out column by column, as onnxruntime and llama.cpp repack a
+  weight before use (:func:`_panel`); then each task owns a chunk of output rows and walks K in
+  runs that share one scale: per run, each column's codes are decoded to their levels and added,
+  times ``x[m, k]``, to the chunk's partial sums, which the run's scale (zero point, offset) then
+  folds into the output. The levels are read once per call and reused by every row of ``x``.
+
+Both sum the same two ways (in different orders):
 
 * ``"f32"`` (the default): levels and activations multiplied and summed in f32 (four columns per
   step, FMA where the CPU has it), each run's sum scaled in f32. The result differs from a float64
@@ -15,14 +21,16 @@ The levels are read once per call and reused by every row of ``x``. Two ways to 
 * ``"int8"``: the activations are first quantized per segment (``S`` = the weight's block, at most
   256, of one row of ``x``) to int8 with a symmetric absmax scale ``max|x| / 127`` (round half to
   even), the integer codes are multiplied and summed exactly in int32, and each segment's sum is
-  scaled once: ``f32(sum) * sx * eff``; a zero point (or an offset) multiplies the segment's exact
-  f32 sum of ``x``. Packed signed 4-bit codes are kept as ``q + 8`` with the zero point raised by
+  scaled once: ``f32(sum) * sx * eff``; a zero point (or an offset) multiplies the segment's f32
+  sum of ``x``. Packed signed 4-bit codes are kept as ``q + 8`` with the zero point raised by
   8 (their f32 decode is one conversion), so they too take that term. This is llama.cpp's and
   onnxruntime's accuracy-level-4 scheme; its error is the activations' rounding, about ``sx / 2``
   per element.
 
 Chunks of rows run in parallel (``prange``); each output is computed by one thread in one fixed
-order, so results do not depend on the thread count.
+order, so results do not depend on the thread count (nor, on either family, on the other rows of
+``x``). :func:`remember` and :func:`shortcut` keep what ``ops.linalg.matmul``'s checks decided
+per weight, so a repeated product goes straight to the row kernel.
 """
 
 from __future__ import annotations
@@ -38,10 +46,11 @@ from ..invariants import Plan
 from ..kernels.minifloat import decode_table
 from ..scheme import QuantMode, QuantValue
 from . import available as fused_on
+from . import numba_simd
 from .coverage import weight_reason
 from .numba_dequantize import as_bytes
 from .numba_launch import launch, numba, parallel_and_serial
-from .numba_simd import Field, activations, available, chunk, kernels
+from .numba_simd import Field, available, chunk, kernels
 
 __all__ = ["SUMS", "matmul_t", "remember", "shortcut", "shortcut_t", "supports"]
 
@@ -295,7 +304,7 @@ def _prepare(x: np.ndarray, run: int, integer: bool, nibbles: bool) -> tuple[np.
     xs = np.empty((m, k), np.int8 if integer else np.float32) if integer or nibbles else x
     sx = np.empty((m, k // run), np.float32) if integer else np.ones((m, k // run), np.float32)
     xsum = np.empty((m, k // run), np.float32)
-    activations(x, run, integer, nibbles and xs is not x, np.float32(1), xs, sx, xsum)
+    numba_simd.activations(x, run, integer, nibbles and xs is not x, np.float32(1), xs, sx, xsum)
     return xs, sx, xsum
 
 

@@ -2,24 +2,29 @@
 
 ``y[m, n] = sum_k x[m, k] * W[n, k]`` read straight from W's stored bytes, row by row, as
 onnxruntime's and llama.cpp's hand-written AVX2 kernels do; Numba's auto-vectoriser does not find
-these instruction sequences (nibble splits, byte multiply-adds), so each step is spelled out here
-as one LLVM vector operation (:func:`_dot`). A row is walked in chunks of 32 weights (16 bytes of
-nibbles or 32 bytes of codes); a chunk's levels are decoded once and used for up to ``MB`` rows of
-``x``; each run (the weight's block along K, at most 256 long) is summed apart and scaled once:
+these instruction sequences (nibble splits, table shuffles, byte multiply-adds), so each step is
+spelled out here as LLVM vector operations (:func:`_dot`, behind the intrinsic :func:`_row_dot`).
+A row is walked in chunks of 32 bytes (64 nibbles or 32 codes, :func:`chunk`); a chunk's levels
+are decoded once and used for up to four rows of ``x``; each run (the weight's block along K, at
+most 256 long) is summed apart and scaled once, several runs of one chunk together by a vector of
+their scales:
 
 * ``f32`` sums: levels converted to f32 and multiplied by ``x`` with FMA in 16 lanes; the run's
-  lane sums times the run's scale go into a 16-lane accumulator, reduced in a fixed tree at the
-  end. The result obeys the usual dot-product bound (the order differs from a sequential loop).
+  lane sums times the run's scale go into 16-lane accumulators (even and odd groups apart),
+  reduced in a fixed tree at the end. The result obeys the usual dot-product bound (the order
+  differs from a sequential loop).
 * ``int8`` sums: ``x`` comes as int8 codes per run; byte products are summed exactly in int32
   (``pmaddubsw`` then ``pmaddwd``, signed levels through the sign trick), and each run's integer
   lane sums are scaled by ``eff * sx``.
 
-A second, scalar term carries zero points and offsets: ``sum_r aux[r] * xsum[m, r]``, with ``aux``
-the weight's per-run ``-(z + bias) * s`` or ``offset - bias * s`` (see :mod:`.numba_matmul`).
+A second term carries zero points and offsets: ``sum_r aux[r] * xsum[m, r]``, with ``aux`` the
+weight's per-run ``-(z + bias) * s`` or ``offset - bias * s`` (see :mod:`.numba_matmul`), or
+``-bias * s`` taken from the scales themselves.
 
-Nibble rows hold two fields per byte, the low nibble first; the kernel splits a chunk's 16 bytes
-into the 16 low then the 16 high nibbles, so ``x`` comes permuted to match (:func:`permute`). Each
-output is computed by one task in one fixed order: results do not depend on the thread count.
+Nibble rows hold two fields per byte, the low nibble first; the kernel splits a chunk's 32 bytes
+into their 32 low then 32 high nibbles, so ``x`` comes permuted to match (:func:`activations`,
+modelled by :func:`permute`). Each output is computed by one task in one fixed order, the same for
+every block of rows: results depend neither on the thread count nor on the other rows of ``x``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from .numba_launch import numba, parallel_and_serial
 
-__all__ = ["Field", "activations", "available", "chunk", "kernels", "permute"]
+__all__ = ["Field", "available", "chunk", "kernels", "permute"]  # and activations, with numba
 
 _BYTES = 32  # bytes of W per step of the kernels: 32 codes, or 64 nibbles
 _TASK = 16  # rows of W per parallel task

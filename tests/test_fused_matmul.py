@@ -217,3 +217,19 @@ def test_without_numba_the_product_takes_the_reference() -> None:
         "numba is not installed (pip install 'arrayquant[fast]')",
         "[0.0, 1.0, 2.0, 3.0] [0.0, 1.0, 2.0, 3.0]",
     ]
+
+
+def test_row_kernel_variants_pack_into_one_literal() -> None:
+    from arrayquant.fused.numba_simd import Field, _pack, _unpack
+
+    for variant in [
+        (Field(True, True, True, 0), True, 16, None, 4),
+        (Field(True, False, False, 0x88), True, 32, -8.0, 1),
+        (Field(False, False, True, 0), False, 0, 0.0, 2),
+        (Field(False, False, False, 0x80), False, 64, None, 15),
+    ]:
+        assert _unpack(_pack(*variant)) == variant
+    with pytest.raises(ValueError, match=r"no such row kernel: aux 0.5, span 32, mb 1"):
+        _pack(Field(True, False, False, 0), False, 32, 0.5, 1)
+    with pytest.raises(ValueError, match=r"no such row kernel: aux None, span 256, mb 1"):
+        _pack(Field(True, False, False, 0), False, 256, None, 1)

@@ -12,7 +12,7 @@ import threading
 import types
 from typing import Any
 
-from .threads import planned
+from . import threads
 
 __all__ = ["LOCK", "launch", "numba", "parallel_and_serial"]
 
@@ -37,7 +37,7 @@ def launch(kernels: tuple[Any, Any], elements: int, *args: Any) -> Any:
     On one thread (:func:`threads.planned`) the serial one runs with no lock: it never touches
     numba's thread pool, so Python threads (dask's threaded scheduler) may run it side by side.
     """
-    n = planned(elements)
+    n = threads.planned(elements)
     if n == 1:
         return kernels[1](*args)
     with LOCK:

@@ -213,6 +213,43 @@ def test_available_follows_a_chosen_compile_target(monkeypatch: pytest.MonkeyPat
     assert numba_simd.available()
     monkeypatch.setattr(numba.config, "CPU_FEATURES", "+avx2")
     assert not numba_simd.available()
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", None)  # a CPU name alone: numba adds the host's features
+    assert numba_simd.available()
+
+
+# what LLVM's Haswell target has: AVX2 and FMA, no AVX-512 (the row kernels' 16-lane vectors split in two)
+_HASWELL = (
+    "+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+movbe,"
+    "+cx16,+fxsr,+mmx,+pclmul,+aes,+xsave,+xsaveopt,+fsgsbase,+rdrnd,-avx512f,-avx512bw,-avx512vl,-avx512vnni,-gfni"
+)
+
+
+def test_an_avx2_only_build_gives_the_same_bits(tmp_path: Path) -> None:
+    # the kernels compiled for a CPU without AVX-512 take other instructions for the same LLVM vector
+    # code (no gf2p8affine nibble shift, 16-lane vectors in two halves): the same results, bit for bit
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, numpy as np, arrayquant as aq\n"
+        "from arrayquant.fused import numba_matmul\n"
+        "rng = np.random.default_rng(0)\n"
+        "out = {}\n"
+        "for scheme in ['q4s:block32', 'nvfp4', 'u4:block32:zero_point', 'q8s:block64', 'q6_k', 'q4s:block512']:\n"
+        "    w = aq.quantize(rng.standard_normal((32, 1024)).astype(np.float32), scheme)\n"
+        "    x = rng.standard_normal((5, 1024)).astype(np.float32)\n"
+        "    for path in ('fused', 'fused_int8'):\n"
+        "        out[scheme + ' ' + path] = aq.matmul(x, w.T, path=path).tobytes().hex()\n"
+        "    assert w in numba_matmul._ROWS\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {**os.environ, "ARRAYQUANT_THREADS": "1"}
+    host = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    env |= {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": _HASWELL, "NUMBA_CACHE_DIR": str(tmp_path)}
+    haswell = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(haswell.stdout) == json.loads(host.stdout)
 
 
 @pytest.mark.parametrize("scheme", ["q4s:block32", "u4:block32:zero_point", "nvfp4", "q8s:block64", "q6_k"])

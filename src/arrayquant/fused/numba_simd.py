@@ -57,13 +57,13 @@ class Field(NamedTuple):
 
 
 def available() -> bool:
-    """Whether the kernels can run here: numba, and a compile target with AVX2 and FMA."""
+    """Whether the kernels can run here: numba, and a compile target with AVX2 and FMA (the host's
+    features, or those ``NUMBA_CPU_FEATURES`` names)."""
     if numba is None:
         return False
-    cfg = numba.config
-    if cfg.CPU_NAME or cfg.CPU_FEATURES:  # a user-chosen target (portable caches): trust its features only
-        feats = set(str(cfg.CPU_FEATURES or "").split(","))
-        return {"+avx2", "+fma"} <= feats
+    features = numba.config.CPU_FEATURES
+    if features is not None:  # NUMBA_CPU_FEATURES: numba compiles for these (else for the host's)
+        return {"+avx2", "+fma"} <= set(str(features).split(","))
     try:
         import llvmlite.binding as llvm
 

@@ -233,3 +233,16 @@ def test_row_kernel_variants_pack_into_one_literal() -> None:
         _pack(Field(True, False, False, 0), False, 32, 0.5, 1)
     with pytest.raises(ValueError, match=r"no such row kernel: aux None, span 256, mb 1"):
         _pack(Field(True, False, False, 0), False, 256, None, 1)
+
+
+@pytest.mark.parametrize("scheme", ["mxfp8", "q4s:block32", "q8s:block32", "q4s:block48"])
+def test_read_only_activations(scheme: str) -> None:
+    # the kernels read x and never write it, so a read-only x (a memory map, a frozen buffer) is fine
+    w = _weight(scheme, n=32, k=96)
+    x = np.random.default_rng(8).standard_normal((3, 96)).astype(F32)
+    want = aq.matmul(x.copy(), w.T, path="fused")
+    x.flags.writeable = False
+    assert np.array_equal(aq.matmul(x, w.T, path="fused"), want)
+    assert np.array_equal(aq.matmul(x, w.T, path="fused"), want)  # the kept decision's way too
+    if scheme != "mxfp8":
+        assert np.array_equal(aq.matmul(x, w.T, path="fused_int8"), aq.matmul(x.copy(), w.T, path="fused_int8"))

@@ -134,18 +134,23 @@ def test_activations_are_laid_out_as_the_rows_read_them() -> None:
     run = 16
     xs = np.empty((3, 128), F32)
     sx, xsum = np.ones((3, 8), F32), np.empty((3, 8), F32)
-    numba_simd.activations(x, run, False, True, F32(1), xs, sx, xsum)
+    numba_simd.activations(x, run, False, True, False, F32(1), xs, sx, xsum)
     assert np.array_equal(xs, numba_simd.permute(x))
     assert np.allclose(xsum, x.reshape(3, 8, 16).sum(axis=2), rtol=0, atol=1e-5)
     codes = np.empty((3, 128), np.int8)
-    numba_simd.activations(x, run, True, True, F32(0.5), codes, sx, xsum)
+    numba_simd.activations(x, run, True, True, False, F32(0.5), codes, sx, xsum)
     want_sx = (np.max(np.abs(x.reshape(3, 8, 16)), axis=2) / F32(127)).astype(F32)
     assert np.array_equal(sx, want_sx * F32(0.5))
     inv = np.divide(F32(1), want_sx, out=np.zeros_like(want_sx), where=want_sx > 0)
     want = np.clip(np.rint(x.reshape(3, 8, 16) * inv[:, :, None]), -127, 127).astype(np.int8).reshape(3, 128)
     assert np.array_equal(codes, numba_simd.permute(want))
-    numba_simd.activations(x, run, True, False, F32(1), codes, sx, xsum)
+    numba_simd.activations(x, run, True, False, False, F32(1), codes, sx, xsum)
     assert np.array_equal(codes, want)  # byte rows: in place
+    untouched = np.full((3, 128), 7, F32)
+    numba_simd.activations(x, run, False, False, False, F32(1), untouched, sx, xsum)
+    assert np.all(untouched == 7)  # f32 sums of byte rows read x itself: nothing copied
+    numba_simd.activations(x, run, False, False, True, F32(1), untouched, sx, xsum)
+    assert np.array_equal(untouched, x)
 
 
 def test_nan_and_inf_activations_on_the_rows() -> None:

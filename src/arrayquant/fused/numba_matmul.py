@@ -297,15 +297,17 @@ def _may_overflow(plan: Plan, eff: np.ndarray, aux: np.ndarray) -> bool:
     return not np.isfinite(top) or top * span > _F32_MAX * (1 - 2.0**-20)
 
 
-def _prepare(x: np.ndarray, run: int, integer: bool, nibbles: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(xs, sx, xsum)`` for the kernels: ``x`` as the kernel reads it (see :func:`.numba_simd.activations`; ``x``
-    itself for f32 sums of byte rows), the per-run int8 scales (ones for f32 sums), the per-run sums of ``x``."""
+def _prepare(x: np.ndarray, run: int, integer: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(xs, sx, xsum)`` for the panel kernels: ``x``'s int8 codes per run and their scales (int8
+    sums), else ``x`` itself and ones; and the per-run f32 sums of ``x`` (see
+    :func:`.numba_simd.activations`)."""
     m, k = x.shape
-    xs = np.empty((m, k), np.int8 if integer else np.float32) if integer or nibbles else x
+    # f32 sums: nothing is written to xs (x, read-only perhaps, is the kernel's input as it is)
+    xs = np.empty((m, k), np.int8) if integer else np.empty((1, 1), np.float32)
     sx = np.empty((m, k // run), np.float32) if integer else np.ones((m, k // run), np.float32)
     xsum = np.empty((m, k // run), np.float32)
-    numba_simd.activations(x, run, integer, nibbles and xs is not x, np.float32(1), xs, sx, xsum)
-    return xs, sx, xsum
+    numba_simd.activations(x, run, integer, False, False, np.float32(1), xs, sx, xsum)
+    return (xs if integer else x), sx, xsum
 
 
 def _width(n: int) -> int:
@@ -424,7 +426,7 @@ def matmul_t(x: np.ndarray, qt: Any, plan: Plan, sums: str = "f32") -> np.ndarra
     if mode == _I4:  # stored unsigned in the panel, the zero point raised by 8 (see _panel)
         mode, affine = _U4, _ZERO
     m = x.shape[0]
-    xs, sx, xsum = _prepare(x, run, sums == "int8", False)
+    xs, sx, xsum = _prepare(x, run, sums == "int8")
     out = np.empty((m, n), np.float32)
     launch(_kernels(mode, affine, sums == "int8", width), n * k, panel, eff, aux, xs, sx, xsum, run, out)
     return out

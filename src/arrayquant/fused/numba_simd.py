@@ -362,7 +362,7 @@ if numba is not None:
             sx = np.ones((m_rows, runs), np.float32)
             xsum = np.empty((m_rows, runs), np.float32)
             xs = np.empty((m_rows, k), np.int8 if integer else np.float32)
-            activations(x, k // runs, integer, field.nibbles, np.float32(half), xs, sx, xsum)
+            activations(x, k // runs, integer, field.nibbles, True, np.float32(half), xs, sx, xsum)
             wf, ef, af, xf = w.reshape(-1), eff.reshape(-1), aux_.reshape(-1), xs.reshape(-1)
             sf, zf, of = sx.reshape(-1), xsum.reshape(-1), out.reshape(-1)
             for t in numba.prange(n // _TASK):
@@ -399,12 +399,13 @@ if numba is not None:
     _KERNELS: dict[tuple[Field, bool, int, float | None], tuple[Any, Any]] = {}
 
     @numba.njit(cache=True, nogil=True)
-    def activations(x, run, integer, nibbles, half, xs, sx, xsum):
+    def activations(x, run, integer, nibbles, copy, half, xs, sx, xsum):
         """Per run of each row of ``x``: its f32 sum into ``xsum``, and for int8 sums the scale
         ``sx = max|x| / 127`` (NaN if the run holds one) times ``half`` into ``sx`` (0.5 for doubled
-        E2M1 levels); then the row into ``xs`` as it is (f32 sums) or as int8 codes
-        ``clip(rint(x * (1 / sx)), -127, 127)`` (zero where ``sx`` is not positive), for nibble rows in
-        each chunk of 64 the even places of its two halves, then their odd places."""
+        E2M1 levels); then the row into ``xs`` as int8 codes ``clip(rint(x * (1 / sx)), -127, 127)``
+        (zero where ``sx`` is not positive), or for f32 sums as it is where ``copy`` or ``nibbles``
+        (else ``xs`` is not written: ``x`` itself may be read-only); for nibble rows in each chunk of
+        64 the even places of its two halves, then their odd places."""
         m_rows, k = x.shape
         f0, one, lim = np.float32(0), np.float32(1), np.float32(127)
         for m in range(m_rows):
@@ -422,6 +423,8 @@ if numba is not None:
                     sc = top / lim
                     sx[m, r] = sc * half
                     inv = one / sc if sc > f0 else f0  # positive and finite: every x * inv is finite
+                if not (integer or nibbles or copy):
+                    continue
                 for j in range(r * run, r * run + run):
                     # place j of its chunk of 64 (two halves of 32): the even places of each half first, then the odd
                     to = (j & ~63) + (j & 1) * 32 + ((j >> 5) & 1) * 16 + ((j & 31) >> 1) if nibbles else j

@@ -54,3 +54,10 @@ def int8_model(x: np.ndarray, w: aq.QuantizedTensor, run: int) -> np.ndarray:
     if w.zero_point is not None:
         return xd @ (q * s).T - x.astype(np.float64) @ (expand(w.zero_point) * s).T
     return xd @ (q * s).T + x.astype(np.float64) @ expand(w.offset).T
+
+
+def permute(x: np.ndarray) -> np.ndarray:
+    """``x`` (M, K) as the row kernels' nibble rows read it: in each chunk of 64, the even places of
+    its first and then its second half, then their odd places."""
+    m, k = x.shape
+    return np.ascontiguousarray(x.reshape(m, k // 64, 2, 16, 2).transpose(0, 1, 4, 2, 3)).reshape(m, k)

@@ -18,7 +18,7 @@ from arrayquant.errors import SchemeError, ShapeError
 from arrayquant.invariants import plan_for
 from arrayquant.ops import linalg
 
-from .matmul_models import EPS, bound, int8_model, weight
+from .matmul_models import EPS, bound, int8_model, permute, weight
 
 pytest.importorskip("numba")
 
@@ -135,7 +135,7 @@ def test_activations_are_laid_out_as_the_rows_read_them() -> None:
     xs = np.empty((3, 128), F32)
     sx, xsum = np.ones((3, 8), F32), np.empty((3, 8), F32)
     numba_simd.activations(x, run, False, True, False, F32(1), xs, sx, xsum)
-    assert np.array_equal(xs, numba_simd.permute(x))
+    assert np.array_equal(xs, permute(x))
     assert np.allclose(xsum, x.reshape(3, 8, 16).sum(axis=2), rtol=0, atol=1e-5)
     codes = np.empty((3, 128), np.int8)
     numba_simd.activations(x, run, True, True, False, F32(0.5), codes, sx, xsum)
@@ -143,7 +143,7 @@ def test_activations_are_laid_out_as_the_rows_read_them() -> None:
     assert np.array_equal(sx, want_sx * F32(0.5))
     inv = np.divide(F32(1), want_sx, out=np.zeros_like(want_sx), where=want_sx > 0)
     want = np.clip(np.rint(x.reshape(3, 8, 16) * inv[:, :, None]), -127, 127).astype(np.int8).reshape(3, 128)
-    assert np.array_equal(codes, numba_simd.permute(want))
+    assert np.array_equal(codes, permute(want))
     numba_simd.activations(x, run, True, False, False, F32(1), codes, sx, xsum)
     assert np.array_equal(codes, want)  # byte rows: in place
     untouched = np.full((3, 128), 7, F32)

@@ -497,6 +497,12 @@ class _Rows:
             self.calls[sums] = (kernel, _NONE if aux is None else aux)
         return self.calls[sums]
 
+    def product(self, x: np.ndarray, sums: str, out: np.ndarray) -> np.ndarray:
+        """``x @ W.T`` into ``out`` by the kernel :meth:`call` made for ``sums``."""
+        kernel, aux = self.calls[sums]
+        launch(kernel, out.shape[1] * x.shape[1], self.data, self.eff, aux, x, out)
+        return out
+
 
 # the row layouts built so far, one per weight while it lives (as _PANELS)
 _ROWS: weakref.WeakKeyDictionary[Any, _Rows] = weakref.WeakKeyDictionary()
@@ -543,11 +549,8 @@ _NONE = np.zeros((1, 1), np.float32)  # the operand a kernel variant does not re
 
 def _simd_product(x: np.ndarray, rows: _Rows, plan: Plan, sums: str) -> np.ndarray:
     """``x @ W.T`` by the row kernels (see :mod:`.numba_simd`); ``x`` C-contiguous."""
-    kernel, aux = rows.call(plan, sums)
-    n, k = rows.data.shape[0], x.shape[1]
-    out = np.empty((x.shape[0], n), np.float32)
-    launch(kernel, n * k, rows.data, rows.eff, aux, x, out)
-    return out
+    rows.call(plan, sums)
+    return rows.product(x, sums, np.empty((x.shape[0], rows.data.shape[0]), np.float32))
 
 
 def remember(qt: Any, path: str, sums: str) -> None:
@@ -579,14 +582,11 @@ def shortcut(x: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:
     ):
         return None
     assert rows is not None
-    kernel, aux = rows.calls[sums]
-    n = rows.data.shape[0]
     try:
-        out = np.empty((x.shape[0], n), np.float32)
+        out = np.empty((x.shape[0], rows.data.shape[0]), np.float32)
     except MemoryError:  # the checked path says so as a ShapeError
         return None
-    launch(kernel, n * x.shape[1], rows.data, rows.eff, aux, x, out)
-    return out
+    return rows.product(x, sums, out)
 
 
 def shortcut_t(xt: Any, qt: Any, path: str, rows_limit: int) -> np.ndarray | None:

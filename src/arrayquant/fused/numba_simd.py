@@ -22,9 +22,9 @@ weight's per-run ``-(z + bias) * s`` or ``offset - bias * s`` (see :mod:`.numba_
 ``-bias * s`` taken from the scales themselves.
 
 Nibble rows hold two fields per byte, the low nibble first; the kernel splits a chunk's 32 bytes
-into their 32 low then 32 high nibbles, so ``x`` comes permuted to match (:func:`activations`,
-modelled by :func:`permute`). Each output is computed by one task in one fixed order, the same for
-every block of rows: results depend neither on the thread count nor on the other rows of ``x``.
+into their 32 low then 32 high nibbles, so ``x`` comes permuted to match (:func:`activations`).
+Each output is computed by one task in one fixed order, the same for every block of rows: results
+depend neither on the thread count nor on the other rows of ``x``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 
 from .numba_launch import numba, parallel_and_serial
 
-__all__ = ["Field", "available", "chunk", "kernels", "permute"]  # and activations, with numba
+__all__ = ["Field", "available", "chunk", "kernels"]  # and activations, with numba
 
 _BYTES = 32  # bytes of W per step of the kernels: 32 codes, or 64 nibbles
 _TASK = 16  # rows of W per parallel task
@@ -77,13 +77,6 @@ def chunk(nibbles: bool) -> int:
     """Weights per step of the kernels (32 bytes of W): K must be a multiple of it, and each run of
     K a multiple or a divisor of it (at least 16)."""
     return 2 * _BYTES if nibbles else _BYTES
-
-
-def permute(x: np.ndarray) -> np.ndarray:
-    """``x`` (M, K) as nibble rows read it: in each chunk of 64, the even places of its first and then
-    its second half, then their odd places (a plain model of what :mod:`.numba_matmul` prepares)."""
-    m, k = x.shape
-    return np.ascontiguousarray(x.reshape(m, k // 64, 2, 16, 2).transpose(0, 1, 4, 2, 3)).reshape(m, k)
 
 
 def _pack(field: Field, integer: bool, span: int, aux: float | None, mb: int) -> int:
